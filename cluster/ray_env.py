@@ -1,0 +1,96 @@
+"""Bring Ray up: connect to a running cluster, or start an embedded one on this machine.
+
+Embedded Ray binds loopback only and is sized for a small machine. We shut down only what we
+started: a driver attached to someone's cluster just disconnects.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from configs.schema import ClusterConfig
+
+log = logging.getLogger(__name__)
+
+# Environment the workers of an embedded Ray inherit: no telemetry, loopback-only listeners.
+_EMBEDDED_ENV = {
+    "RAY_USAGE_STATS_ENABLED": "0",
+    # With this off, Ray binds its listeners to 127.0.0.1 instead of the machine's address.
+    # Ray reads it once, when `ray` is first imported: so it is set here, at import time, and
+    # entry points import this module before anything imports ray. `ray job submit` sets
+    # RAY_ADDRESS, and then we leave Ray's networking alone.
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+    "RAY_DEDUP_LOGS": "1",
+}
+if not os.environ.get("RAY_ADDRESS"):
+    for _key, _value in _EMBEDDED_ENV.items():
+        os.environ.setdefault(_key, _value)
+
+
+@dataclass
+class RayHandle:
+    address: str
+    started_here: bool
+    dashboard_url: str | None
+
+
+def cluster_address(cfg: ClusterConfig) -> str | None:
+    """The address to connect to, or None for an embedded local Ray."""
+    return cfg.address or os.environ.get("RAY_ADDRESS") or None
+
+
+def start_ray(cfg: ClusterConfig) -> RayHandle:
+    """Connect to the configured cluster, or start an embedded one (idempotent within a process)."""
+    import ray
+
+    if ray.is_initialized():
+        ctx = ray.get_runtime_context()
+        return RayHandle(ctx.gcs_address, started_here=False, dashboard_url=None)
+
+    address = cluster_address(cfg)
+    if address:
+        info = ray.init(address=address, namespace=cfg.namespace, log_to_driver=True)
+        log.info("connected to Ray at %s", address)
+        return RayHandle(address, started_here=False, dashboard_url=info.dashboard_url or None)
+
+    info = ray.init(
+        num_cpus=cfg.num_cpus or os.cpu_count(),
+        namespace=cfg.namespace,
+        include_dashboard=cfg.dashboard,
+        dashboard_host="127.0.0.1",
+        log_to_driver=True,
+        runtime_env={"env_vars": {k: os.environ[k] for k in _EMBEDDED_ENV if k in os.environ}},
+    )
+    log.info("started an embedded Ray (%s CPUs)", ray.cluster_resources().get("CPU"))
+    if ray.util.get_node_ip_address() != "127.0.0.1":
+        log.warning("embedded Ray listens beyond loopback: `ray` was imported before `cluster.ray_env`")
+    return RayHandle(info.address_info["gcs_address"], started_here=True, dashboard_url=info.dashboard_url or None)
+
+
+def stop_ray(handle: RayHandle) -> None:
+    """Undo `start_ray`: stop an embedded Ray (and its Serve), or only disconnect from a cluster."""
+    import ray
+
+    if not ray.is_initialized():
+        return
+    if handle.started_here:
+        from ray import serve
+
+        try:
+            serve.shutdown()
+        except Exception as e:  # Serve may never have started; shutting down must not fail on that.
+            log.debug("serve.shutdown: %s", e)
+    ray.shutdown()
+
+
+@contextmanager
+def ray_session(cfg: ClusterConfig) -> Iterator[RayHandle]:
+    handle = start_ray(cfg)
+    try:
+        yield handle
+    finally:
+        stop_ray(handle)

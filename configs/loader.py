@@ -1,0 +1,120 @@
+"""Load the config tree from YAML plus `--set a.b=c` overrides, and fail early with readable errors."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from configs.schema import Config
+
+CONFIG_DIR = Path(__file__).resolve().parent
+
+# Keys the system reads from the environment (and from `.env`). Values of these never get printed.
+SECRET_ENV_VARS = (
+    "OPENAI_API_KEY",
+    "POLYGON_API_KEY",
+    "FMP_API_KEY",
+    "TAVILY_API_KEY",
+    "SLACK_BOT_TOKEN",
+    "WANDB_API_KEY",
+    "MCPRL_TOOLS_TOKEN",
+)
+_SECRET_KEY_PATTERN = re.compile(r"(api_?key|token|secret|password|authorization)", re.IGNORECASE)
+
+
+class ConfigError(ValueError):
+    """A config could not be loaded; the message names the file and the key."""
+
+
+def load_dotenv_file(path: str | Path = ".env") -> None:
+    """Read `.env` when present; variables already set in the environment win."""
+    from dotenv import load_dotenv
+
+    if Path(path).is_file():
+        load_dotenv(path, override=False)
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """`a.b=c` → (["a", "b"], c) with c parsed as YAML, so numbers, booleans and lists keep their type."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. --set tools.http.port=8001")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--set {item!r}: value is not valid YAML: {e}") from None
+    return key.strip().split("."), value
+
+
+def _apply(tree: dict[str, Any], path: list[str], value: Any, source: str) -> None:
+    node = tree
+    for i, part in enumerate(path[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{source}: {'.'.join(path[: i + 1])} is not a section, cannot set {'.'.join(path)}")
+        node = child
+    node[path[-1]] = value
+
+
+def _format_errors(err: ValidationError, source: str) -> str:
+    lines = [f"invalid config ({source}):"]
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "<root>"
+        if e["type"] == "extra_forbidden":
+            lines.append(f"  {key}: unknown key")
+        else:
+            got = e.get("input")
+            shown = "" if isinstance(got, dict | list) or got is None else f" (got {got!r})"
+            lines.append(f"  {key}: {e['msg']}{shown}")
+    return "\n".join(lines)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Load `path` (YAML; None = all defaults), apply overrides, validate the whole tree."""
+    source = str(path) if path else "<defaults>"
+    tree: dict[str, Any] = {}
+    if path:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p}")
+        try:
+            tree = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{p}: not valid YAML: {e}") from None
+        if not isinstance(tree, dict):
+            raise ConfigError(f"{p}: the top level must be a mapping of sections, got {type(tree).__name__}")
+    for item in overrides:
+        keys, value = parse_override(item)
+        _apply(tree, keys, value, f"--set {item}")
+    if overrides:
+        source += " + --set " + " ".join(overrides)
+    try:
+        return Config.model_validate(tree)
+    except ValidationError as e:
+        raise ConfigError(_format_errors(e, source)) from None
+
+
+def redact(value: Any, key: str = "") -> Any:
+    """A copy of a config dump with secret-looking values masked, safe to print or log."""
+    if isinstance(value, dict):
+        return {k: redact(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact(v, key) for v in value]
+    if isinstance(value, str) and value:
+        if _SECRET_KEY_PATTERN.search(key):
+            return "***"
+        for name in SECRET_ENV_VARS:
+            secret = os.environ.get(name)
+            if secret and len(secret) >= 4 and secret in value:
+                value = value.replace(secret, "***")
+    return value
+
+
+def dump_config(cfg: Config) -> str:
+    """The config as YAML with secrets masked."""
+    return yaml.safe_dump(redact(cfg.model_dump(mode="json")), sort_keys=False)

@@ -1,0 +1,158 @@
+"""The typed config tree. Every field is documented where it is declared.
+
+One tree for the whole system; later steps add sections (rollout, algorithm, reward, ...).
+Every model forbids unknown keys, so a typo fails at load time with the key's path.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class Strict(BaseModel):
+    """Base for every config section: unknown keys are errors, values are re-validated on assignment."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+# --------------------------------------------------------------------------- tools
+
+
+class Autoscaling(Strict):
+    """Ray Serve autoscaling for one deployment (used instead of a fixed replica count)."""
+
+    min_replicas: int = Field(1, ge=0)
+    max_replicas: int = Field(2, ge=1)
+    target_ongoing_requests: float = Field(4.0, gt=0, description="Queue depth per replica Serve aims for.")
+
+
+class Deployment(Strict):
+    """How one MCP server runs in the pool: Serve resources, timeouts, retries, rate limit."""
+
+    enabled: bool = True
+    replicas: int = Field(1, ge=1, description="Fixed replica count (ignored when autoscaling is set).")
+    autoscaling: Autoscaling | None = None
+    num_cpus: float = Field(0.1, gt=0, description="CPUs Serve reserves per replica; fractions fit 2 cores.")
+    timeout_s: float = Field(10.0, gt=0, description="Default per-call timeout, enforced in the replica.")
+    tool_timeouts: dict[str, float] = Field(default_factory=dict, description="Per-tool timeout overrides.")
+    max_retries: int = Field(2, ge=0, description="Retries for retryable faults (upstream 5xx/429, network).")
+    retry_backoff_s: float = Field(0.2, ge=0, description="First backoff; doubles on each retry.")
+    rate_limit_per_s: float | None = Field(
+        None, gt=0, description="Calls per second for the whole service, split evenly across replicas."
+    )
+    health_check_period_s: float = Field(10.0, gt=0)
+
+
+class LiveService(Deployment):
+    """A server that mirrors a paid outside API: `offline` simulates it, `live` calls it."""
+
+    backend: Literal["offline", "live"] = "offline"
+    base_url: str = Field("", description="API root for the live backend; empty means the service's own.")
+    http_timeout_s: float = Field(8.0, gt=0, description="Timeout of one HTTP request to the live API.")
+
+
+class SlackConfig(LiveService):
+    db_path: str = Field(
+        "", description="SQLite file of the offline workspace; empty = a fresh in-memory workspace per replica."
+    )
+
+
+class SandboxConfig(Strict):
+    """Limits for the python tool's sandbox (bubblewrap)."""
+
+    cpu_time_s: int = Field(5, ge=1, description="RLIMIT_CPU of the program.")
+    wall_time_s: float = Field(10.0, gt=0, description="Killed after this many seconds of wall time.")
+    memory_mb: int = Field(256, ge=16, description="RLIMIT_AS of the program.")
+    max_processes: int = Field(32, ge=1, description="RLIMIT_NPROC inside the sandbox.")
+    max_output_bytes: int = Field(16_384, ge=256, description="stdout/stderr are each cut to this size.")
+    tmp_size_mb: int = Field(64, ge=1, description="Size of the private tmpfs at /tmp.")
+    max_concurrent: int = Field(
+        1, ge=1, description="Programs one replica runs at once (CPU-bound: match its num_cpus; scale by replicas)."
+    )
+    allow_unsandboxed: bool = Field(
+        False, description="Run code without bubblewrap when it is missing. Unsafe: for trusted code only."
+    )
+
+
+class PythonToolConfig(Deployment):
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+
+
+class BuiltinServers(Strict):
+    """The built-in MCP servers; set `enabled: false` to leave one out of the pool."""
+
+    polygon: LiveService = Field(default_factory=LiveService)
+    fmp: LiveService = Field(default_factory=LiveService)
+    tavily: LiveService = Field(default_factory=LiveService)
+    slack: SlackConfig = Field(default_factory=SlackConfig)
+    python: PythonToolConfig = Field(default_factory=PythonToolConfig)
+
+
+class ExternalServer(Deployment):
+    """Any MCP server, reached by a stdio command or a URL; its tools appear as `<name>.<tool>`."""
+
+    name: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_-]*$")
+    command: list[str] | None = Field(None, description="stdio: the program and its arguments.")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment for the stdio program.")
+    url: str | None = Field(None, description="Streamable-HTTP URL of the server.")
+    headers: dict[str, str] = Field(default_factory=dict, description="HTTP headers (values may be ${ENV}).")
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> ExternalServer:
+        if (self.command is None) == (self.url is None):
+            raise ValueError("give exactly one of `command` (stdio) or `url` (HTTP)")
+        return self
+
+
+class HttpConfig(Strict):
+    """The HTTP side of the pool (Serve's proxy)."""
+
+    host: str = Field("127.0.0.1", description="Bind address; anything beyond loopback needs a bearer token.")
+    port: int = Field(8000, ge=1, le=65535)
+    bearer_token_env: str | None = Field(
+        None, description="Environment variable holding the token that HTTP clients must send."
+    )
+
+
+class ToolsConfig(Strict):
+    servers: BuiltinServers = Field(default_factory=BuiltinServers)
+    external: list[ExternalServer] = Field(default_factory=list)
+    http: HttpConfig = Field(default_factory=HttpConfig)
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> ToolsConfig:
+        names = list(BuiltinServers.model_fields) + [e.name for e in self.external]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"server names must be unique; repeated: {sorted(dup)}")
+        return self
+
+
+# --------------------------------------------------------------------------- model, cluster
+
+
+class ModelConfig(Strict):
+    name: str = Field(
+        "tiny-random",
+        description="An HF id, a local folder, or a built-in name: smollm2-135m-instruct, tiny-random.",
+    )
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    cache_dir: str = Field("", description="Where built-in models are built; empty = $MCPRL_CACHE or ~/.cache/mcprl.")
+
+
+class ClusterConfig(Strict):
+    address: str | None = Field(None, description="Ray address; None = $RAY_ADDRESS, else start an embedded local Ray.")
+    num_cpus: float | None = Field(None, description="CPUs of the embedded Ray (None = all cores).")
+    namespace: str = "mcprl"
+    dashboard: bool = Field(False, description="Start the dashboard with the embedded Ray (127.0.0.1:8265).")
+
+
+class Config(Strict):
+    """The root of the config tree."""
+
+    run_name: str = "mcprl"
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    tools: ToolsConfig = Field(default_factory=ToolsConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)

@@ -1,0 +1,40 @@
+"""What every entry point shares: `--config` and `--set` parsing, `.env`, logging, clean errors."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+import cluster.ray_env  # noqa: F401  (first: sets Ray's loopback-only environment before `ray` is imported)
+from configs.loader import ConfigError, load_config, load_dotenv_file
+from configs.schema import Config
+
+
+def base_parser(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--config", help="YAML config file (default: built-in defaults)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key, e.g. --set tools.http.port=8001 (repeatable)",
+    )
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    return p
+
+
+def setup(args: argparse.Namespace) -> Config:
+    """Logging, `.env`, then the validated config; a bad config exits with its message, not a traceback."""
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    load_dotenv_file()
+    try:
+        return load_config(args.config, args.overrides)
+    except ConfigError as e:
+        sys.exit(f"error: {e}")

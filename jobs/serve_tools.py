@@ -1,0 +1,59 @@
+"""Deploy the MCP tool pool on Ray Serve, print its URLs and tools, and stay up until interrupted.
+
+python -m jobs.serve_tools [--config configs/tools.yaml] [--set tools.http.port=8001]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+import threading
+
+from rich.console import Console
+from rich.table import Table
+
+from cluster.ray_env import ray_session
+from jobs.cli import base_parser, setup
+from serve_apps.tool_pool import ServeToolPool, deploy_pool, undeploy_pool
+
+
+def print_pool(console: Console, pool: ServeToolPool, tools: dict[str, list[dict]]) -> None:
+    table = Table(title="MCP tool pool", show_lines=False)
+    table.add_column("server")
+    table.add_column("MCP URL (streamable HTTP)")
+    table.add_column("tools")
+    for server, items in tools.items():
+        table.add_row(server, pool.url(server), ", ".join(t["name"] for t in items))
+    console.print(table)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = base_parser(__doc__.splitlines()[0])
+    parser.add_argument("--once", action="store_true", help="deploy, print, and exit (a smoke check)")
+    args = parser.parse_args(argv)
+    cfg = setup(args)
+    console = Console()
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with ray_session(cfg.cluster):
+        try:
+            pool = deploy_pool(cfg.tools)
+        except ValueError as e:
+            sys.exit(f"error: {e}")
+        print_pool(console, pool, asyncio.run(pool.list_tools()))
+        if cfg.tools.http.bearer_token_env:
+            console.print(f"HTTP clients must send 'Authorization: Bearer ${cfg.tools.http.bearer_token_env}'.")
+        if not args.once:
+            console.print("Serving; press Ctrl-C to stop.")
+            try:
+                while not stop.wait(1.0):
+                    pass
+            except KeyboardInterrupt:
+                pass
+        undeploy_pool(pool)
+    console.print("stopped")
+
+
+if __name__ == "__main__":
+    main()

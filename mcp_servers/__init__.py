@@ -1,0 +1,18 @@
+"""FastMCP servers for the built-in tools. Each module `mcp_servers/<name>.py` has `build(cfg) -> FastMCP`."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fastmcp import FastMCP
+
+BUILTIN_SERVERS = ("polygon", "fmp", "tavily", "slack", "python")
+
+
+def build_server(name: str, cfg: Any) -> FastMCP:
+    """Build the FastMCP server `name` from its config section (imported lazily: replicas build only theirs)."""
+    if name not in BUILTIN_SERVERS:
+        raise KeyError(f"unknown built-in MCP server {name!r}; known: {', '.join(BUILTIN_SERVERS)}")
+    return importlib.import_module(f"mcp_servers.{name}").build(cfg)

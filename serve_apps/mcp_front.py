@@ -1,0 +1,86 @@
+"""The MCP-over-HTTP face of a pool server: a FastMCP app whose every tool forwards to a `ToolHost`.
+
+Forwarding (instead of serving the backend's own app) means HTTP clients get the same timeouts,
+retries, rate limits and error kinds as handle callers, and external servers' tools can be renamed.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+from fastmcp import FastMCP
+from fastmcp.tools.base import Tool, ToolResult
+from mcp_types import TextContent
+from pydantic import PrivateAttr
+
+from serve_apps.tool_host import ToolHost
+
+
+class ForwardingTool(Tool):
+    """An MCP tool that runs by calling `host.call_tool(remote_name, ...)`."""
+
+    _host: Any = PrivateAttr()
+    _remote_name: str = PrivateAttr()
+
+    async def run(self, arguments: dict[str, Any]) -> ToolResult:
+        r = await self._host.call_tool(self._remote_name, arguments)
+        structured = r.structured if isinstance(r.structured, dict) else None
+        return ToolResult(
+            content=[TextContent(type="text", text=r.text)],
+            structured_content=structured,
+            meta={"mcprl": {"error_kind": r.error_kind, "latency_ms": round(r.latency_ms, 3), "attempts": r.attempts}},
+            is_error=not r.ok,
+        )
+
+
+def build_front(host: ToolHost, tools: list[dict[str, Any]], prefix: str = "") -> FastMCP:
+    """A FastMCP server exposing `tools` (MCP dicts from the backend) as `<prefix><name>`."""
+    front = FastMCP(host.name)
+    for t in tools:
+        tool = ForwardingTool(
+            name=prefix + t["name"],
+            description=t.get("description"),
+            parameters=t.get("inputSchema") or {"type": "object", "properties": {}},
+        )
+        tool._host = host
+        tool._remote_name = t["name"]
+        front.add_tool(tool)
+    return front
+
+
+class HttpGate:
+    """ASGI wrapper: bearer-token check, and the bare prefix (`/mcp/x`) served like `/mcp/x/`.
+
+    Without the path fix every POST to the bare prefix is answered with a 307, which many MCP
+    clients do not follow for POST.
+    """
+
+    def __init__(self, app: Any, token: str | None) -> None:
+        self.app = app
+        self.expected = f"Bearer {token}".encode() if token else None
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            if self.expected is not None:
+                given = dict(scope.get("headers") or []).get(b"authorization", b"")
+                if not hmac.compare_digest(given, self.expected):
+                    await _reply(send, 401, b'{"error": "missing or wrong bearer token"}')
+                    return
+            root = scope.get("root_path", "")
+            path = scope.get("path", "")
+            if path in ("", root):
+                scope = {**scope, "path": root + "/", "raw_path": (root + "/").encode()}
+        await self.app(scope, receive, send)
+
+
+async def _reply(send: Any, status: int, body: bytes) -> None:
+    headers = [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def http_app(front: FastMCP, token: str | None) -> Any:
+    """Stateless streamable HTTP (any replica can answer any request), behind the gate."""
+    app = front.http_app(path="/", stateless_http=True, json_response=True)
+    return HttpGate(app, token)

@@ -1,0 +1,258 @@
+"""The MCP tool pool: one Ray Serve application per MCP server, and the clients that call it.
+
+Each replica builds its server in-process (FastMCP apps cannot be pickled from the driver) and
+offers two doors: MCP over stateless streamable HTTP at `/mcp/<server>` for any MCP client, and
+handle methods (`call_tool`, `list_tools`) for callers inside the cluster. `LocalToolPool` is the
+same pool without Ray, for unit tests, notebooks and the benchmark's baseline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from configs.schema import Deployment, ExternalServer, ToolsConfig
+from mcp_servers import build_server
+from mcp_servers.errors import UnknownTool
+from serve_apps.mcp_front import build_front, http_app
+from serve_apps.tool_host import ClientBackend, LocalBackend, ToolBackend, ToolCallResult, ToolHost
+
+log = logging.getLogger(__name__)
+
+APP_PREFIX = "mcp-"
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+# API keys the live backends read; a replica gets only the one its server needs.
+LIVE_KEYS = {"polygon": "POLYGON_API_KEY", "fmp": "FMP_API_KEY", "tavily": "TAVILY_API_KEY", "slack": "SLACK_BOT_TOKEN"}
+
+
+@dataclass
+class ServerSpec:
+    """Everything a replica needs to build one server: plain data, so it pickles."""
+
+    name: str
+    cfg: Deployment
+    external: bool = False
+
+    @property
+    def replicas(self) -> int:
+        scaling = self.cfg.autoscaling
+        return scaling.max_replicas if scaling else self.cfg.replicas
+
+
+def server_specs(cfg: ToolsConfig) -> list[ServerSpec]:
+    """The enabled servers of a tools config, built-ins first."""
+    specs = [ServerSpec(name, getattr(cfg.servers, name)) for name in type(cfg.servers).model_fields]
+    specs += [ServerSpec(e.name, e, external=True) for e in cfg.external]
+    return [s for s in specs if s.cfg.enabled]
+
+
+def _expand_env(value: str) -> str:
+    return re.sub(r"\$\{(\w+)\}", lambda m: os.environ.get(m.group(1), ""), value)
+
+
+def make_backend(spec: ServerSpec) -> ToolBackend:
+    if not spec.external:
+        return LocalBackend(build_server(spec.name, spec.cfg))
+    ext: ExternalServer = spec.cfg  # type: ignore[assignment]
+
+    def transport() -> Any:
+        from fastmcp.client.transports import StdioTransport, StreamableHttpTransport
+
+        if ext.command:
+            env = {**os.environ, **{k: _expand_env(v) for k, v in ext.env.items()}}
+            return StdioTransport(ext.command[0], ext.command[1:], env=env)
+        return StreamableHttpTransport(ext.url, headers={k: _expand_env(v) for k, v in ext.headers.items()})
+
+    return ClientBackend(transport)
+
+
+async def make_host(spec: ServerSpec) -> ToolHost:
+    return ToolHost(spec.name, make_backend(spec), spec.cfg, replicas=spec.replicas)
+
+
+# --------------------------------------------------------------------------- in-process pool
+
+
+class ToolPool:
+    """What callers see, in the cluster or in-process: call a tool, list the tools."""
+
+    async def call_tool(self, server: str, tool: str, arguments: dict[str, Any] | None = None) -> ToolCallResult:
+        raise NotImplementedError
+
+    async def list_tools(self) -> dict[str, list[dict[str, Any]]]:
+        """MCP tool dicts by server (external servers' tool names are `<server>.<tool>`)."""
+        raise NotImplementedError
+
+    async def call(self, qualified: str, arguments: dict[str, Any] | None = None) -> ToolCallResult:
+        """Call `server.tool` by its qualified name."""
+        server, _, tool = qualified.partition(".")
+        return await self.call_tool(server, tool, arguments)
+
+    def _unknown_server(self, server: str, tool: str, known: list[str]) -> ToolCallResult:
+        msg = str(UnknownTool(f"no MCP server {server!r} in the pool; servers: {', '.join(sorted(known))}"))
+        return ToolCallResult(server, tool, False, f"Error (unknown_tool): {msg}", None, "unknown_tool", msg)
+
+    async def close(self) -> None:
+        return None
+
+
+class LocalToolPool(ToolPool):
+    """The pool in this process: same hosts and rules, no Ray. Build with `await LocalToolPool.create(cfg)`."""
+
+    def __init__(self, hosts: dict[str, ToolHost]) -> None:
+        self.hosts = hosts
+
+    @classmethod
+    async def create(cls, cfg: ToolsConfig) -> LocalToolPool:
+        return cls({s.name: await make_host(s) for s in server_specs(cfg)})
+
+    async def call_tool(self, server: str, tool: str, arguments: dict[str, Any] | None = None) -> ToolCallResult:
+        host = self.hosts.get(server)
+        if host is None:
+            return self._unknown_server(server, tool, list(self.hosts))
+        return await host.call_tool(tool, arguments)
+
+    async def list_tools(self) -> dict[str, list[dict[str, Any]]]:
+        return {name: await _qualified_tools(host) for name, host in self.hosts.items()}
+
+    async def close(self) -> None:
+        for host in self.hosts.values():
+            await host.backend.close()
+
+
+async def _qualified_tools(host: ToolHost) -> list[dict[str, Any]]:
+    tools = await host.list_tools()
+    if isinstance(host.backend, ClientBackend):  # external tools are namespaced everywhere
+        return [{**t, "name": f"{host.name}.{t['name']}"} for t in tools]
+    return tools
+
+
+# --------------------------------------------------------------------------- Serve
+
+
+def _deployment_class() -> Any:
+    """The Serve deployment, defined lazily so importing this module does not import Ray Serve."""
+    from ray import serve
+
+    @serve.ingress()
+    class MCPServer:
+        async def __init__(self, spec: ServerSpec, token_env: str | None) -> None:
+            logging.getLogger("fastmcp").setLevel(logging.WARNING)
+            self.spec = spec
+            self.token = os.environ.get(token_env) if token_env else None
+            self.host = await make_host(spec)
+            tools = await self.host.list_tools()
+            self.front = build_front(self.host, tools, prefix=f"{spec.name}." if spec.external else "")
+
+        def __serve_build_asgi_app__(self) -> Any:
+            return http_app(self.front, self.token)
+
+        async def call_tool(self, tool: str, arguments: dict[str, Any] | None = None) -> dict[str, Any]:
+            return (await self.host.call_tool(tool, arguments)).to_dict()
+
+        async def list_tools(self) -> list[dict[str, Any]]:
+            return await _qualified_tools(self.host)
+
+        async def check_health(self) -> None:
+            await self.host.healthy()
+
+        async def __del__(self) -> None:
+            await self.host.backend.close()
+
+    return MCPServer
+
+
+def _app_for(spec: ServerSpec, token_env: str | None) -> Any:
+    from ray import serve
+
+    cfg = spec.cfg
+    env_vars = {k: os.environ[k] for k in [token_env, LIVE_KEYS.get(spec.name)] if k and k in os.environ}
+    options: dict[str, Any] = {
+        "name": spec.name,
+        "ray_actor_options": {"num_cpus": cfg.num_cpus, "runtime_env": {"env_vars": env_vars}},
+        "health_check_period_s": cfg.health_check_period_s,
+        "max_ongoing_requests": 64,
+    }
+    if cfg.autoscaling:
+        options["autoscaling_config"] = cfg.autoscaling.model_dump()
+    else:
+        options["num_replicas"] = cfg.replicas
+    deployment = serve.deployment(_deployment_class()).options(**options)
+    return deployment.bind(spec, token_env)
+
+
+def check_http_security(cfg: ToolsConfig) -> str | None:
+    """The bearer token, read from its variable; refuses to expose the pool beyond loopback without one."""
+    http = cfg.http
+    token = os.environ.get(http.bearer_token_env) if http.bearer_token_env else None
+    if http.bearer_token_env and not token:
+        raise ValueError(f"tools.http.bearer_token_env names {http.bearer_token_env}, which is not set")
+    if http.host not in LOOPBACK_HOSTS and not token:
+        raise ValueError(
+            f"tools.http.host is {http.host}: serving beyond loopback needs a bearer token "
+            "(set tools.http.bearer_token_env to a variable holding it)"
+        )
+    return token
+
+
+class ServeToolPool(ToolPool):
+    """Calls the pool's deployments through Serve handles; survives replicas that die mid-call."""
+
+    def __init__(self, handles: dict[str, Any], base_url: str, retries: int = 3) -> None:
+        self.handles = handles
+        self.base_url = base_url
+        self.retries = retries
+
+    def url(self, server: str) -> str:
+        return f"{self.base_url}/mcp/{server}/"
+
+    async def call_tool(self, server: str, tool: str, arguments: dict[str, Any] | None = None) -> ToolCallResult:
+        from ray.exceptions import RayActorError
+
+        handle = self.handles.get(server)
+        if handle is None:
+            return self._unknown_server(server, tool, list(self.handles))
+        for attempt in range(self.retries + 1):
+            try:
+                return ToolCallResult.from_dict(await handle.call_tool.remote(tool, arguments))
+            except RayActorError as e:  # the replica died under us: Serve routes the retry elsewhere
+                if attempt == self.retries:
+                    msg = f"replica of {server!r} died and retries ran out: {type(e).__name__}"
+                    return ToolCallResult(server, tool, False, f"Error (unavailable): {msg}", None, "unavailable", msg)
+                await asyncio.sleep(0.2 * 2**attempt)
+        raise AssertionError("unreachable")
+
+    async def list_tools(self) -> dict[str, list[dict[str, Any]]]:
+        names = list(self.handles)
+        lists = await asyncio.gather(*(self.handles[n].list_tools.remote() for n in names))
+        return dict(zip(names, lists, strict=True))
+
+
+def deploy_pool(cfg: ToolsConfig) -> ServeToolPool:
+    """Deploy every enabled server as its own Serve application; Ray must be up already."""
+    from ray import serve
+
+    check_http_security(cfg)
+    serve.start(http_options={"host": cfg.http.host, "port": cfg.http.port})
+    specs = server_specs(cfg)
+    targets = [
+        serve.RunTarget(_app_for(s, cfg.http.bearer_token_env), name=APP_PREFIX + s.name, route_prefix=f"/mcp/{s.name}")
+        for s in specs
+    ]
+    handles = serve.run_many(targets)
+    pool = ServeToolPool({s.name: h for s, h in zip(specs, handles, strict=True)}, "")
+    host = "127.0.0.1" if cfg.http.host in ("0.0.0.0", "::") else cfg.http.host
+    pool.base_url = f"http://{host}:{cfg.http.port}"
+    return pool
+
+
+def undeploy_pool(pool: ServeToolPool) -> None:
+    """Delete the pool's applications (leaves Serve and other applications alone)."""
+    from ray import serve
+
+    for name in pool.handles:
+        serve.delete(APP_PREFIX + name)

@@ -1,0 +1,177 @@
+"""The tool pool on real local Ray Serve: handle and MCP-over-HTTP calls, errors, auth, failover."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from fastmcp import Client
+
+from configs.loader import load_config
+from serve_apps.tool_pool import LocalToolPool, ServeToolPool, check_http_security, deploy_pool, undeploy_pool
+from tests.conftest import free_port
+
+STDIO_SERVER = str(Path(__file__).with_name("stdio_server.py"))
+BUILTINS = ("polygon", "fmp", "tavily", "slack", "python")
+
+# One valid call per built-in tool, with a check of what it returns.
+SAMPLE_CALLS: dict[tuple[str, str], dict] = {}
+
+
+def external(name: str, **extra) -> str:
+    """A `--set` that adds the test's stdio MCP server as an external server."""
+    return "tools.external=" + json.dumps([{"name": name, "command": [sys.executable, STDIO_SERVER], **extra}])
+
+
+def pool_config(port: int, builtins: bool = True, extra: list[str] = ()):
+    sets = [f"tools.http.port={port}", external("notes", replicas=2, tool_timeouts={"sleep": 1.0})]
+    if not builtins:
+        sets += [f"tools.servers.{n}.enabled=false" for n in BUILTINS]
+    return load_config(None, [*sets, *extra])
+
+
+@pytest.fixture(scope="module")
+def pool(ray_cluster) -> ServeToolPool:
+    cfg = pool_config(free_port())
+    pool = deploy_pool(cfg.tools)
+    yield pool
+    undeploy_pool(pool)
+
+
+async def test_lists_every_server_and_namespaces_external_tools(pool):
+    tools = await pool.list_tools()
+    assert set(tools) == {*BUILTINS, "notes"}
+    assert {t["name"] for t in tools["notes"]} == {"notes.echo", "notes.add", "notes.sleep", "notes.whoami"}
+    for server, items in tools.items():
+        for t in items:
+            assert t["inputSchema"]["type"] == "object", (server, t["name"])
+            assert t.get("description"), f"{server}.{t['name']} has no description for the model to read"
+
+
+async def test_external_stdio_server_through_handle(pool):
+    r = await pool.call("notes.add", {"a": 2, "b": 40})
+    assert r.ok and r.structured == {"sum": 42} and r.error_kind is None
+    r = await pool.call_tool("notes", "echo", {"text": "héllo"})
+    assert r.ok and r.text == "héllo"
+
+
+async def test_timeout_fires_and_is_named(pool):
+    r = await pool.call_tool("notes", "sleep", {"seconds": 5})
+    assert not r.ok and r.error_kind == "timeout"
+    assert 900 <= r.latency_ms < 3000, r.latency_ms
+    assert not r.infra_fault  # a slow tool is the call's problem, not a fault to retry
+
+
+async def test_unknown_tool_and_unknown_server(pool):
+    r = await pool.call_tool("notes", "does_not_exist", {})
+    assert not r.ok and r.error_kind == "unknown_tool"
+    r = await pool.call_tool("nowhere", "x", {})
+    assert not r.ok and r.error_kind == "unknown_tool" and "nowhere" in r.error
+
+
+async def test_invalid_arguments_name_the_field(pool):
+    r = await pool.call_tool("notes", "add", {"a": "three", "b": 1})
+    assert not r.ok and r.error_kind == "invalid_arguments" and "a" in r.error
+    r = await pool.call_tool("notes", "add", "not an object")  # type: ignore[arg-type]
+    assert not r.ok and r.error_kind == "invalid_arguments"
+
+
+@pytest.mark.parametrize("trailing_slash", [True, False])
+async def test_mcp_over_http_with_a_plain_mcp_client(pool, trailing_slash):
+    url = pool.url("notes") if trailing_slash else pool.url("notes").rstrip("/")
+    async with Client(url) as client:
+        names = {t.name for t in await client.list_tools()}
+        assert "notes.add" in names
+        res = await client.call_tool("notes.add", {"a": 1, "b": 2})
+        assert res.structured_content == {"sum": 3}
+        res = await client.call_tool("notes.sleep", {"seconds": 5}, raise_on_error=False)
+        assert res.is_error and "timed out" in res.content[0].text
+        assert res.meta["mcprl"]["error_kind"] == "timeout"
+
+
+async def test_http_with_two_replicas_answers_every_request(pool):
+    """Stateless HTTP: Serve may send each request to either replica; none may fail."""
+    async with Client(pool.url("notes")) as client:
+        results = await asyncio.gather(*(client.call_tool("notes.add", {"a": i, "b": i}) for i in range(40)))
+    assert [r.structured_content["sum"] for r in results] == [2 * i for i in range(40)]
+
+
+async def test_replica_killed_mid_load_calls_recover(pool):
+    import ray
+
+    async def one(i: int):
+        return await pool.call_tool("notes", "add", {"a": i, "b": 1})
+
+    tasks = [asyncio.create_task(one(i)) for i in range(60)]
+    await asyncio.sleep(0.05)
+    replicas = [a for a in ray.util.list_named_actors(all_namespaces=True) if "mcp-notes" in a["name"]]
+    assert len(replicas) == 2, replicas
+    ray.kill(ray.get_actor(replicas[0]["name"], namespace=replicas[0]["namespace"]), no_restart=True)
+    tasks += [asyncio.create_task(one(i)) for i in range(60, 120)]
+    results = await asyncio.gather(*tasks)
+    failed = [r for r in results if not r.ok]
+    assert not failed, failed[:3]
+    assert [r.structured["sum"] for r in results] == [i + 1 for i in range(120)]
+
+
+def test_bearer_token_required_beyond_loopback(monkeypatch):
+    cfg = pool_config(8000, builtins=False, extra=["tools.http.host=0.0.0.0"])
+    with pytest.raises(ValueError, match="bearer token"):
+        check_http_security(cfg.tools)
+    cfg = pool_config(8000, builtins=False, extra=["tools.http.bearer_token_env=MCPRL_TEST_TOKEN"])
+    with pytest.raises(ValueError, match="MCPRL_TEST_TOKEN"):
+        check_http_security(cfg.tools)
+    monkeypatch.setenv("MCPRL_TEST_TOKEN", "s3cret-token")
+    assert check_http_security(cfg.tools) == "s3cret-token"
+
+
+async def test_bearer_token_guards_http(ray_cluster, pool, monkeypatch):
+    """A second pool app behind a token, on the same Serve proxy."""
+    monkeypatch.setenv("MCPRL_TEST_TOKEN", "s3cret-token")
+    port = int(pool.base_url.rsplit(":", 1)[1])
+    cfg = load_config(
+        None,
+        [f"tools.servers.{n}.enabled=false" for n in BUILTINS]
+        + [
+            f"tools.http.port={port}",
+            "tools.http.bearer_token_env=MCPRL_TEST_TOKEN",
+            external("locked"),
+        ],
+    )
+    locked = deploy_pool(cfg.tools)
+    try:
+        url = locked.url("locked")
+        async with httpx.AsyncClient() as http:
+            body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+            headers = {"accept": "application/json, text/event-stream"}
+            assert (await http.post(url, json=body, headers=headers)).status_code == 401
+            wrong = {**headers, "authorization": "Bearer nope"}
+            assert (await http.post(url, json=body, headers=wrong)).status_code == 401
+        async with Client(url, auth="s3cret-token") as client:
+            assert "locked.echo" in {t.name for t in await client.list_tools()}
+        r = await locked.call_tool("locked", "echo", {"text": "handles need no token"})
+        assert r.ok
+    finally:
+        undeploy_pool(locked)
+
+
+async def test_external_session_reconnects_after_the_server_process_dies():
+    """The proxy's persistent stdio session: kill the server process, the next call reconnects."""
+    import os
+    import signal
+
+    cfg = pool_config(8000, builtins=False)
+    local = await LocalToolPool.create(cfg.tools)
+    try:
+        first = (await local.call_tool("notes", "whoami", {})).structured["pid"]
+        os.kill(first, signal.SIGKILL)
+        await asyncio.sleep(0.2)
+        r = await local.call_tool("notes", "whoami", {})
+        assert r.ok, r
+        assert r.structured["pid"] != first
+    finally:
+        await local.close()
