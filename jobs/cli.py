@@ -33,6 +33,8 @@ def setup(args: argparse.Namespace) -> Config:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
+    for noisy in ("httpx", "httpx2", "mcp", "fastmcp"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     load_dotenv_file()
     try:
         return load_config(args.config, args.overrides)

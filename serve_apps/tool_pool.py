@@ -176,6 +176,8 @@ def _app_for(spec: ServerSpec, token_env: str | None) -> Any:
         "ray_actor_options": {"num_cpus": cfg.num_cpus, "runtime_env": {"env_vars": env_vars}},
         "health_check_period_s": cfg.health_check_period_s,
         "max_ongoing_requests": 64,
+        # One line per call would drown a training run's console; Serve's metrics still count calls.
+        "logging_config": {"enable_access_log": False, "log_level": "WARNING"},
     }
     if cfg.autoscaling:
         options["autoscaling_config"] = cfg.autoscaling.model_dump()
@@ -237,7 +239,10 @@ def deploy_pool(cfg: ToolsConfig) -> ServeToolPool:
     from ray import serve
 
     check_http_security(cfg)
-    serve.start(http_options={"host": cfg.http.host, "port": cfg.http.port})
+    serve.start(
+        http_options={"host": cfg.http.host, "port": cfg.http.port},
+        logging_config={"log_level": "WARNING", "enable_access_log": False},
+    )
     specs = server_specs(cfg)
     targets = [
         serve.RunTarget(_app_for(s, cfg.http.bearer_token_env), name=APP_PREFIX + s.name, route_prefix=f"/mcp/{s.name}")
@@ -250,9 +255,15 @@ def deploy_pool(cfg: ToolsConfig) -> ServeToolPool:
     return pool
 
 
-def undeploy_pool(pool: ServeToolPool) -> None:
+def undeploy_pool(pool: ServeToolPool, timeout_s: float = 60.0) -> None:
     """Delete the pool's applications (leaves Serve and other applications alone)."""
+    import time
+
     from ray import serve
 
-    for name in pool.handles:
-        serve.delete(APP_PREFIX + name)
+    names = {APP_PREFIX + n for n in pool.handles}
+    for name in names:  # all at once: deleting one by one costs seconds each
+        serve.delete(name, _blocking=False)
+    deadline = time.monotonic() + timeout_s
+    while names & set(serve.status().applications) and time.monotonic() < deadline:
+        time.sleep(0.2)

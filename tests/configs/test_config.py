@@ -1,0 +1,108 @@
+"""The config tree: YAML + overrides, and errors that name the key and the file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from configs.loader import CONFIG_DIR, ConfigError, dump_config, load_config, load_dotenv_file, parse_override
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "run.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_defaults_are_offline_and_loopback():
+    cfg = load_config()
+    assert cfg.tools.servers.polygon.backend == "offline"
+    assert cfg.tools.http.host == "127.0.0.1"
+    assert cfg.model.name == "tiny-random"
+
+
+@pytest.mark.parametrize("path", sorted(CONFIG_DIR.glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_configs_load(path):
+    load_config(path)
+
+
+def test_yaml_and_typed_overrides(tmp_path):
+    p = write(tmp_path, "tools:\n  servers:\n    python:\n      replicas: 2\n")
+    cfg = load_config(p, ["tools.servers.python.sandbox.memory_mb=128", "tools.servers.fmp.enabled=false"])
+    assert cfg.tools.servers.python.replicas == 2
+    assert cfg.tools.servers.python.sandbox.memory_mb == 128
+    assert cfg.tools.servers.fmp.enabled is False
+
+
+def test_unknown_key_names_key_and_file(tmp_path):
+    p = write(tmp_path, "tools:\n  servers:\n    polygon:\n      bakend: live\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    assert "tools.servers.polygon.bakend: unknown key" in str(e.value)
+    assert str(p) in str(e.value)
+
+
+def test_wrong_type_names_key_and_value(tmp_path):
+    p = write(tmp_path, "tools:\n  http:\n    port: eighty\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    assert "tools.http.port" in str(e.value) and "'eighty'" in str(e.value)
+
+
+def test_bad_literal_from_override_names_the_override():
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["tools.servers.slack.backend=online"])
+    assert "tools.servers.slack.backend" in str(e.value) and "--set" in str(e.value)
+
+
+def test_override_errors():
+    assert parse_override("a.b=[1, 2]") == (["a", "b"], [1, 2])
+    assert parse_override("a=") == (["a"], "")
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        parse_override("no-equals-sign")
+    with pytest.raises(ConfigError, match="not a section"):
+        load_config(None, ["run_name=x", "run_name.sub=1"])
+
+
+def test_missing_and_malformed_files(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(write(tmp_path, "tools: [unclosed\n"))
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(write(tmp_path, "- a list\n"))
+
+
+def test_external_server_needs_exactly_one_transport():
+    with pytest.raises(ConfigError, match="exactly one"):
+        load_config(None, ["tools.external=[{name: x}]"])
+    with pytest.raises(ConfigError, match="unique"):
+        load_config(None, ["tools.external=[{name: polygon, url: 'http://127.0.0.1:1/mcp'}]"])
+
+
+def test_secrets_never_printed(monkeypatch):
+    monkeypatch.setenv("POLYGON_API_KEY", "pk-very-secret-123")
+    cfg = load_config(
+        None,
+        [
+            "tools.external=[{name: x, url: 'http://127.0.0.1:1/mcp?key=pk-very-secret-123',"
+            " headers: {Authorization: 'Bearer abc'}}]"
+        ],
+    )
+    text = dump_config(cfg)
+    assert "pk-very-secret-123" not in text and "Bearer abc" not in text
+    assert "***" in text
+
+
+def test_dotenv_is_read_and_environment_wins(tmp_path, monkeypatch):
+    env = tmp_path / ".env"
+    env.write_text("FMP_API_KEY=from-dotenv\nTAVILY_API_KEY=from-dotenv\n")
+    monkeypatch.setenv("FMP_API_KEY", "from-env")
+    monkeypatch.delenv("TAVILY_API_KEY", raising=False)
+    load_dotenv_file(env)
+    import os
+
+    assert os.environ["FMP_API_KEY"] == "from-env"
+    assert os.environ["TAVILY_API_KEY"] == "from-dotenv"
+    monkeypatch.delenv("TAVILY_API_KEY")
