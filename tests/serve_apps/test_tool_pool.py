@@ -18,8 +18,21 @@ from tests.conftest import free_port
 STDIO_SERVER = str(Path(__file__).with_name("stdio_server.py"))
 BUILTINS = ("polygon", "fmp", "tavily", "slack", "python")
 
-# One valid call per built-in tool, with a check of what it returns.
-SAMPLE_CALLS: dict[tuple[str, str], dict] = {}
+# One valid call per built-in tool; a test checks that this covers every tool the pool lists.
+SAMPLE_CALLS: dict[tuple[str, str], dict] = {
+    ("polygon", "previous_close"): {"ticker": "AAPL"},
+    ("polygon", "daily_aggregates"): {"ticker": "MSFT", "from_date": "2026-11-02", "to_date": "2026-11-06"},
+    ("polygon", "ticker_details"): {"ticker": "NVDA"},
+    ("fmp", "company_profile"): {"symbol": "AAPL"},
+    ("fmp", "income_statement"): {"symbol": "AAPL", "period": "quarter", "limit": 2},
+    ("fmp", "key_ratios"): {"symbol": "MSFT", "limit": 1},
+    ("tavily", "search"): {"query": "Apple earnings", "max_results": 2},
+    ("tavily", "extract"): {"urls": ["https://learn.simfinance.example/earnings-per-share"]},
+    ("slack", "list_channels"): {},
+    ("slack", "read_history"): {"channel": "general", "limit": 2},
+    ("slack", "post_message"): {"channel": "random", "text": "hello from the pool test"},
+    ("python", "run_python"): {"code": "print(6 * 7)"},
+}
 
 
 def external(name: str, **extra) -> str:
@@ -50,6 +63,48 @@ async def test_lists_every_server_and_namespaces_external_tools(pool):
         for t in items:
             assert t["inputSchema"]["type"] == "object", (server, t["name"])
             assert t.get("description"), f"{server}.{t['name']} has no description for the model to read"
+
+
+async def test_samples_cover_every_builtin_tool(pool):
+    tools = await pool.list_tools()
+    listed = {(server, t["name"]) for server in BUILTINS for t in tools[server]}
+    assert listed == set(SAMPLE_CALLS)
+
+
+@pytest.mark.parametrize(("server", "tool"), list(SAMPLE_CALLS), ids=lambda v: v)
+async def test_every_builtin_tool_through_handle_and_http(pool, server, tool):
+    args = SAMPLE_CALLS[server, tool]
+    by_handle = await pool.call_tool(server, tool, args)
+    assert by_handle.ok, by_handle
+    assert by_handle.latency_ms > 0 and by_handle.attempts == 1
+    async with Client(pool.url(server)) as client:
+        by_http = await client.call_tool(tool, args)
+    assert not by_http.is_error
+    if tool == "post_message":  # not idempotent: each call posts a new message
+        assert by_http.structured_content["message"]["text"] == by_handle.structured["message"]["text"]
+    elif tool == "run_python":
+        assert by_handle.structured["stdout"] == by_http.structured_content["stdout"] == "42\n"
+    else:  # offline backends are deterministic: both doors must agree exactly
+        assert by_http.structured_content == by_handle.structured
+
+
+async def test_builtin_bad_arguments_name_the_field(pool):
+    r = await pool.call_tool("polygon", "daily_aggregates", {"ticker": "AAPL", "from_date": "2026-11-06"})
+    assert r.error_kind == "invalid_arguments" and "to_date" in r.error
+    r = await pool.call_tool("fmp", "key_ratios", {"symbol": "AAPL", "limit": 500})
+    assert r.error_kind == "invalid_arguments" and "limit" in r.error
+    r = await pool.call_tool("polygon", "previous_close", {"ticker": "ZZZZ"})
+    assert r.error_kind == "invalid_arguments" and "ZZZZ" in r.error and not r.infra_fault
+
+
+async def test_live_backend_without_key_is_an_infra_fault(ray_cluster, monkeypatch):
+    """A live server with no API key answers `unavailable`: the infrastructure's fault, not the model's."""
+    monkeypatch.delenv("TAVILY_API_KEY", raising=False)
+    cfg = load_config(None, ["tools.servers.tavily.backend=live"])
+    local = await LocalToolPool.create(cfg.tools)
+    r = await local.call_tool("tavily", "search", {"query": "anything"})
+    assert r.error_kind == "unavailable" and r.infra_fault and "TAVILY_API_KEY" in r.error
+    await local.close()
 
 
 async def test_external_stdio_server_through_handle(pool):
