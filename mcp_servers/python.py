@@ -1,0 +1,42 @@
+"""The `python` MCP server: one tool, `run_python`, that runs code in the bubblewrap sandbox."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from typing import Annotated, Any
+
+from fastmcp import FastMCP
+from pydantic import Field
+
+from configs.schema import PythonToolConfig
+from mcp_servers.sandbox import run_sandboxed
+
+
+def build(cfg: PythonToolConfig) -> FastMCP:
+    """The FastMCP server for the python tool, with the limits of `cfg.sandbox`."""
+    box = cfg.sandbox
+    mcp = FastMCP("python")
+    # Programs are CPU-bound: a replica runs as many at once as the CPUs it reserved, and the pool
+    # scales by adding replicas (which Ray places and accounts for), not by oversubscribing one.
+    slots = asyncio.Semaphore(box.max_concurrent)
+
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+
+    @mcp.tool(
+        description=(
+            f"Run a Python {version} program (standard library only) in an isolated sandbox and return "
+            "its stdout, stderr and exit code. No network; files can be written under /tmp only. "
+            f"Limits: {box.wall_time_s:g} s wall time, {box.cpu_time_s} s CPU, {box.memory_mb} MB memory; "
+            f"output is cut at {box.max_output_bytes} bytes per stream. Print what you want to see."
+        ),
+        annotations={"readOnlyHint": True, "openWorldHint": False},  # nothing outside the sandbox changes
+    )
+    async def run_python(
+        code: Annotated[str, Field(description="The complete program, run as a script (`python main.py`).")],
+        stdin: Annotated[str, Field(description="Text given to the program on standard input.")] = "",
+    ) -> dict[str, Any]:
+        async with slots:
+            return (await run_sandboxed(code, box, stdin=stdin)).to_dict()
+
+    return mcp
