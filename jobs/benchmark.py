@@ -26,8 +26,8 @@ from configs.schema import Config
 from jobs.cli import base_parser, setup
 
 CHEAP_CALL = ("polygon", "previous_close", {"ticker": "AAPL"})
-# ~0.3 s of pure-Python CPU work: the sandbox's start-up cost is small beside it.
-CPU_BOUND_CODE = "s = 0\nfor i in range(3_000_000):\n    s += i * i\nprint(s)\n"
+# ~1 s of pure-Python CPU work: the sandbox's start-up and the routing cost little beside it.
+CPU_BOUND_CODE = "s = 0\nfor i in range(12_000_000):\n    s += i * i\nprint(s)\n"
 
 
 def percentile(values: list[float], q: float) -> float:
