@@ -13,28 +13,13 @@ from configs.schema import LiveService
 from mcp_servers import build_server
 from mcp_servers.errors import InvalidArguments, Unavailable, UpstreamError
 
-from .standins import HTTP_FAULTS, UNKNOWN, StandIn, assert_documented, call, fault
+from .standins import HTTP_FAULTS, UNKNOWN, assert_documented, call, fault
 
+SERVER = "fmp"
+CONFIG = LiveService
+KEY_ENV = "FMP_API_KEY"
 KEY = "fmp-test-SECRET-91c2"
 TOOLS = {"company_profile", "income_statement", "key_ratios"}
-
-
-@pytest.fixture(scope="module")
-def api():
-    with StandIn() as standin:
-        yield standin
-
-
-@pytest.fixture
-def live(api, monkeypatch):
-    api.reset()
-    monkeypatch.setenv("FMP_API_KEY", KEY)
-    return build_server("fmp", LiveService(backend="live", base_url=api.url))
-
-
-@pytest.fixture
-def offline():
-    return build_server("fmp", LiveService())
 
 
 # --------------------------------------------------------------------------- offline

@@ -13,28 +13,13 @@ from mcp_servers import build_server
 from mcp_servers import market_data as md
 from mcp_servers.errors import InvalidArguments, Unavailable, UpstreamError
 
-from .standins import HTTP_FAULTS, UNKNOWN, StandIn, assert_documented, call, closed_port_url, fault
+from .standins import HTTP_FAULTS, UNKNOWN, assert_documented, call, closed_port_url, fault
 
+SERVER = "polygon"
+CONFIG = LiveService
+KEY_ENV = "POLYGON_API_KEY"
 KEY = "pk-test-SECRET-7f3a"
 TOOLS = {"previous_close", "daily_aggregates", "ticker_details"}
-
-
-@pytest.fixture(scope="module")
-def api():
-    with StandIn() as standin:
-        yield standin
-
-
-@pytest.fixture
-def live(api, monkeypatch):
-    api.reset()
-    monkeypatch.setenv("POLYGON_API_KEY", KEY)
-    return build_server("polygon", LiveService(backend="live", base_url=api.url))
-
-
-@pytest.fixture
-def offline():
-    return build_server("polygon", LiveService())
 
 
 # --------------------------------------------------------------------------- offline

@@ -10,29 +10,15 @@ from configs.schema import LiveService, SlackConfig
 from mcp_servers import build_server
 from mcp_servers.errors import InvalidArguments, Unavailable, UpstreamError
 
-from .standins import HTTP_FAULTS, StandIn, assert_documented, call, fault
+from .standins import HTTP_FAULTS, assert_documented, call, fault
 
+SERVER = "slack"
+CONFIG = SlackConfig
+KEY_ENV = "SLACK_BOT_TOKEN"
+API_ROOT = "/api"
 KEY = "xoxb-test-SECRET-0d0e"
 TOOLS = {"list_channels", "read_history", "post_message"}
 REFERENCE_NOW = 1795185000  # 2026-11-20 14:30 UTC: offline posts get timestamps after it
-
-
-@pytest.fixture(scope="module")
-def api():
-    with StandIn() as standin:
-        yield standin
-
-
-@pytest.fixture
-def live(api, monkeypatch):
-    api.reset()
-    monkeypatch.setenv("SLACK_BOT_TOKEN", KEY)
-    return build_server("slack", SlackConfig(backend="live", base_url=f"{api.url}/api"))
-
-
-@pytest.fixture
-def offline():
-    return build_server("slack", SlackConfig())
 
 
 # --------------------------------------------------------------------------- offline

@@ -11,28 +11,13 @@ from mcp_servers import build_server
 from mcp_servers.errors import Unavailable
 from mcp_servers.tavily import MAX_RAW_CONTENT
 
-from .standins import HTTP_FAULTS, StandIn, assert_documented, call, fault
+from .standins import HTTP_FAULTS, assert_documented, call, fault
 
+SERVER = "tavily"
+CONFIG = LiveService
+KEY_ENV = "TAVILY_API_KEY"
 KEY = "tvly-test-SECRET-55aa"
 TOOLS = {"search", "extract"}
-
-
-@pytest.fixture(scope="module")
-def api():
-    with StandIn() as standin:
-        yield standin
-
-
-@pytest.fixture
-def live(api, monkeypatch):
-    api.reset()
-    monkeypatch.setenv("TAVILY_API_KEY", KEY)
-    return build_server("tavily", LiveService(backend="live", base_url=api.url))
-
-
-@pytest.fixture
-def offline():
-    return build_server("tavily", LiveService())
 
 
 # --------------------------------------------------------------------------- offline
