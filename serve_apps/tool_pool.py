@@ -50,8 +50,11 @@ def server_specs(cfg: ToolsConfig) -> list[ServerSpec]:
     return [s for s in specs if s.cfg.enabled]
 
 
+ENV_REFERENCE = re.compile(r"\$\{(\w+)\}")  # ${VAR} in an external server's env and headers
+
+
 def _expand_env(value: str) -> str:
-    return re.sub(r"\$\{(\w+)\}", lambda m: os.environ.get(m.group(1), ""), value)
+    return ENV_REFERENCE.sub(lambda m: os.environ.get(m.group(1), ""), value)
 
 
 def make_backend(spec: ServerSpec) -> ToolBackend:
@@ -140,10 +143,11 @@ def _deployment_class() -> Any:
 
     @serve.ingress()
     class MCPServer:
-        async def __init__(self, spec: ServerSpec, token_env: str | None) -> None:
+        async def __init__(self, spec: ServerSpec, token: str | None, secrets: dict[str, str]) -> None:
             logging.getLogger("fastmcp").setLevel(logging.WARNING)
+            os.environ.update(secrets)  # this replica's own process: backends read keys from the environment
             self.spec = spec
-            self.token = os.environ.get(token_env) if token_env else None
+            self.token = token
             self.host = await make_host(spec)
             tools = await self.host.list_tools()
             self.front = build_front(self.host, tools, prefix=f"{spec.name}." if spec.external else "")
@@ -166,14 +170,26 @@ def _deployment_class() -> Any:
     return MCPServer
 
 
-def _app_for(spec: ServerSpec, token_env: str | None) -> Any:
+def secrets_for(spec: ServerSpec) -> dict[str, str]:
+    """The variables a server's replica needs from the driver's environment: its API key, and those
+    an external server's `env`/`headers` name as ${VAR}.
+
+    They travel as pickled constructor arguments, not as a runtime_env, which the dashboard shows.
+    """
+    names = {LIVE_KEYS.get(spec.name, "")}
+    if isinstance(spec.cfg, ExternalServer):
+        for value in [*spec.cfg.env.values(), *spec.cfg.headers.values()]:
+            names.update(ENV_REFERENCE.findall(value))
+    return {k: os.environ[k] for k in names if k in os.environ}
+
+
+def _app_for(spec: ServerSpec, token: str | None) -> Any:
     from ray import serve
 
     cfg = spec.cfg
-    env_vars = {k: os.environ[k] for k in [token_env, LIVE_KEYS.get(spec.name)] if k and k in os.environ}
     options: dict[str, Any] = {
         "name": spec.name,
-        "ray_actor_options": {"num_cpus": cfg.num_cpus, "runtime_env": {"env_vars": env_vars}},
+        "ray_actor_options": {"num_cpus": cfg.num_cpus},
         "health_check_period_s": cfg.health_check_period_s,
         "max_ongoing_requests": 64,
         # One line per call would drown a training run's console; Serve's metrics still count calls.
@@ -184,7 +200,7 @@ def _app_for(spec: ServerSpec, token_env: str | None) -> Any:
     else:
         options["num_replicas"] = cfg.replicas
     deployment = serve.deployment(_deployment_class()).options(**options)
-    return deployment.bind(spec, token_env)
+    return deployment.bind(spec, token, secrets_for(spec))
 
 
 def check_http_security(cfg: ToolsConfig) -> str | None:
@@ -238,15 +254,14 @@ def deploy_pool(cfg: ToolsConfig) -> ServeToolPool:
     """Deploy every enabled server as its own Serve application; Ray must be up already."""
     from ray import serve
 
-    check_http_security(cfg)
+    token = check_http_security(cfg)
     serve.start(
         http_options={"host": cfg.http.host, "port": cfg.http.port},
         logging_config={"log_level": "WARNING", "enable_access_log": False},
     )
     specs = server_specs(cfg)
     targets = [
-        serve.RunTarget(_app_for(s, cfg.http.bearer_token_env), name=APP_PREFIX + s.name, route_prefix=f"/mcp/{s.name}")
-        for s in specs
+        serve.RunTarget(_app_for(s, token), name=APP_PREFIX + s.name, route_prefix=f"/mcp/{s.name}") for s in specs
     ]
     handles = serve.run_many(targets)
     pool = ServeToolPool({s.name: h for s, h in zip(specs, handles, strict=True)}, "")
