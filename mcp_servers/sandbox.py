@@ -284,7 +284,9 @@ async def run_sandboxed(code: str, cfg: SandboxConfig, stdin: str = "") -> RunRe
     with contextlib.ExitStack() as stack:
         status_r, status_w = os.pipe()  # the bootstrap's report: "<wait status> <cpu seconds>"
         stack.callback(os.close, status_r)
-        stack.callback(_close_quietly, status_w)
+        # Closed exactly once: after the spawn, or here if the spawn failed. Closing an fd number twice
+        # could close whatever a concurrent run was given that number in between.
+        write_end = stack.enter_context(_OwnedFd(status_w))
         env, cwd, uid = {}, "/", -1  # bwrap needs no environment (and clears the program's anyway)
         if bwrap:
             code_fd = _memfd("main.py", code.encode(errors="replace"))  # bwrap copies it to /tmp/main.py
@@ -319,7 +321,7 @@ async def run_sandboxed(code: str, cfg: SandboxConfig, stdin: str = "") -> RunRe
             env=env,
             cwd=cwd,
         )
-        _close_quietly(status_w)  # only the sandbox holds it now
+        write_end.close()  # only the sandbox holds it now
         out, err, flooded = await _collect(proc, cfg, stdin.encode(errors="replace"))
         duration = time.monotonic() - start
         os.set_blocking(status_r, False)  # every writer is gone, but never hang the loop on it
@@ -385,6 +387,16 @@ async def _collect(
     return out, err, flooded
 
 
-def _close_quietly(fd: int) -> None:
-    with contextlib.suppress(OSError):
-        os.close(fd)
+class _OwnedFd(contextlib.AbstractContextManager):
+    """An fd closed once, early by `close()` or at the latest on exit."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd: int | None = fd
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import multiprocessing as mp
-import time
 from pathlib import Path
 
 import pytest
@@ -93,10 +92,8 @@ def test_tiny_random_folder(tiny_cache: Path, tiny_folder: Path) -> None:
 
 def test_tiny_random_reused_without_rebuilding(tiny_cache: Path, tiny_folder: Path) -> None:
     mtime = (tiny_folder / "model.safetensors").stat().st_mtime_ns
-    start = time.perf_counter()
     folder, built = ensure_built("tiny-random", tiny_cache)
     assert (folder, built) == (tiny_folder, False)
-    assert time.perf_counter() - start < 0.5
     assert (tiny_folder / "model.safetensors").stat().st_mtime_ns == mtime
 
 

@@ -241,14 +241,13 @@ async def test_sleeper_hits_wall_time():
     start = time.monotonic()
     with pytest.raises(SandboxError, match="wall time 1 s"):
         await run_sandboxed("import time\ntime.sleep(60)\n", cfg(wall_time_s=1))
-    assert time.monotonic() - start < 4
+    assert time.monotonic() - start < 30  # killed, long before the program would have ended
 
 
 @needs_bwrap
 async def test_huge_output_is_truncated_quickly():
-    start = time.monotonic()
+    # Without the cap the program never ends and the wall-time limit would raise instead.
     res = await run_sandboxed("while True:\n    print('x' * 1000)\n", cfg(max_output_bytes=4096))
-    assert time.monotonic() - start < 5
     assert res.stdout_truncated and len(res.stdout) == 4096 and not res.stderr_truncated
     assert res.notes and "output limit" in res.notes[0]
     res = await run_sandboxed("import sys\nsys.stderr.write('e' * 100_000)\n", cfg(max_output_bytes=1024))
@@ -277,15 +276,25 @@ async def test_cancellation_kills_the_whole_tree():
 async def test_concurrent_runs_do_not_share_a_process_budget():
     code = (
         "import os, time\n"
+        "start = time.time()\n"
         "pids = [os.fork() or (time.sleep(1), os._exit(0)) for _ in range(5)]\n"
         "for p in pids:\n"
         "    os.waitpid(p, 0)\n"
-        "print('ok')\n"
+        "print('ok', start, time.time())\n"
     )
-    start = time.monotonic()
     results = await asyncio.gather(*(run_sandboxed(code, cfg(max_processes=8)) for _ in range(4)))
-    assert [r.stdout for r in results] == ["ok\n"] * 4, [r.stderr for r in results]
-    assert time.monotonic() - start < 3.5  # side by side: one after another would take 4 s
+    assert [r.stdout.split()[0] for r in results] == ["ok"] * 4, [r.stderr for r in results]
+    spans = [tuple(map(float, r.stdout.split()[1:])) for r in results]
+    assert max(s for s, _ in spans) < min(e for _, e in spans)  # all four held 5 children at the same time
+
+
+@needs_bwrap
+async def test_many_concurrent_runs_all_complete():
+    """Runs that start and end interleaved must not disturb each other's pipes and fds."""
+    codes = ["print(1)", "import sys; sys.stdout.write('x' * 100_000)", "raise SystemExit(3)"] * 8
+    results = await asyncio.gather(*(run_sandboxed(c, cfg(max_output_bytes=4096)) for c in codes))
+    assert [r.exit_code for r in results[:3]] == [0, -9, 3]
+    assert {r.stdout for r in results[0::3]} == {"1\n"} and all(r.stdout_truncated for r in results[1::3])
 
 
 # --------------------------------------------------------------------------- without bubblewrap
