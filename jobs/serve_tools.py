@@ -11,7 +11,6 @@ import sys
 import threading
 
 from rich.console import Console
-from rich.table import Table
 
 from cluster.ray_env import ray_session
 from jobs.cli import base_parser, setup
@@ -19,13 +18,11 @@ from serve_apps.tool_pool import ServeToolPool, deploy_pool, undeploy_pool
 
 
 def print_pool(console: Console, pool: ServeToolPool, tools: dict[str, list[dict]]) -> None:
-    table = Table(title="MCP tool pool", show_lines=False)
-    table.add_column("server")
-    table.add_column("MCP URL (streamable HTTP)")
-    table.add_column("tools")
+    """One line per server, never cut, so URLs can be copied whatever the terminal's width."""
+    console.print("[bold]MCP tool pool[/] (streamable HTTP; handles: serve_apps.tool_pool.ServeToolPool)")
     for server, items in tools.items():
-        table.add_row(server, pool.url(server), ", ".join(t["name"] for t in items))
-    console.print(table)
+        console.print(f"  [cyan]{server}[/]  {pool.url(server)}", soft_wrap=True)
+        console.print(f"      {', '.join(t['name'] for t in items)}", soft_wrap=True)
 
 
 def main(argv: list[str] | None = None) -> None:

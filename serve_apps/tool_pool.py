@@ -221,6 +221,7 @@ class ServeToolPool(ToolPool):
     """Calls the pool's deployments through Serve handles; survives replicas that die mid-call."""
 
     def __init__(self, handles: dict[str, Any], base_url: str, retries: int = 3) -> None:
+        """`base_url`: Serve's proxy, e.g. http://127.0.0.1:8000."""
         self.handles = handles
         self.base_url = base_url
         self.retries = retries
@@ -259,15 +260,30 @@ def deploy_pool(cfg: ToolsConfig) -> ServeToolPool:
         http_options={"host": cfg.http.host, "port": cfg.http.port},
         logging_config={"log_level": "WARNING", "enable_access_log": False},
     )
+    host, port = _serving_address(cfg)
+    if host not in LOOPBACK_HOSTS and not token:
+        raise ValueError(f"Serve already listens on {host}:{port}, beyond loopback: the pool needs a bearer token")
     specs = server_specs(cfg)
     targets = [
         serve.RunTarget(_app_for(s, token), name=APP_PREFIX + s.name, route_prefix=f"/mcp/{s.name}") for s in specs
     ]
     handles = serve.run_many(targets)
-    pool = ServeToolPool({s.name: h for s, h in zip(specs, handles, strict=True)}, "")
-    host = "127.0.0.1" if cfg.http.host in ("0.0.0.0", "::") else cfg.http.host
-    pool.base_url = f"http://{host}:{cfg.http.port}"
-    return pool
+    url_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    return ServeToolPool({s.name: h for s, h in zip(specs, handles, strict=True)}, f"http://{url_host}:{port}")
+
+
+def _serving_address(cfg: ToolsConfig) -> tuple[str, int]:
+    """Where Serve's proxy really listens: HTTP options are fixed when Serve first starts in a cluster,
+    so a Serve that was already running keeps its own host and port, whatever this config asks."""
+    from ray.serve.context import _get_global_client
+
+    http = _get_global_client().http_config
+    if (http.host, http.port) != (cfg.http.host, cfg.http.port):
+        log.warning(
+            "Serve was already running on %s:%s; tools.http asks %s:%s, which applies only when Serve starts",
+            http.host, http.port, cfg.http.host, cfg.http.port,
+        )  # fmt: skip
+    return http.host, http.port
 
 
 def undeploy_pool(pool: ServeToolPool, timeout_s: float = 60.0) -> None:

@@ -41,7 +41,11 @@ def external(name: str, **extra) -> str:
 
 
 def pool_config(port: int, builtins: bool = True, extra: list[str] = ()):
-    sets = [f"tools.http.port={port}", external("notes", replicas=2, tool_timeouts={"sleep": 1.0})]
+    sets = [
+        f"tools.http.port={port}",
+        external("notes", replicas=2, tool_timeouts={"sleep": 1.0}),
+        "tools.servers.python.sandbox.cpu_time_s=1",
+    ]
     if not builtins:
         sets += [f"tools.servers.{n}.enabled=false" for n in BUILTINS]
     return load_config(None, [*sets, *extra])
@@ -95,6 +99,32 @@ async def test_builtin_bad_arguments_name_the_field(pool):
     assert r.error_kind == "invalid_arguments" and "limit" in r.error
     r = await pool.call_tool("polygon", "previous_close", {"ticker": "ZZZZ"})
     assert r.error_kind == "invalid_arguments" and "ZZZZ" in r.error and not r.infra_fault
+
+
+async def test_sandbox_kill_is_a_named_fault_of_the_call(pool):
+    r = await pool.call_tool("python", "run_python", {"code": "while True:\n    pass\n"})
+    assert not r.ok and r.error_kind == "sandbox" and "CPU time 1 s" in r.error and not r.infra_fault
+    r = await pool.call_tool("python", "run_python", {"code": "raise ValueError('mine')"})
+    assert r.ok and r.structured["exit_code"] == 1 and "ValueError: mine" in r.structured["stderr"]
+
+
+async def test_external_server_by_url(pool):
+    """An external server reached over streamable HTTP: here, the pool's own `notes` app."""
+    cfg = load_config(
+        None,
+        [f"tools.servers.{n}.enabled=false" for n in BUILTINS]
+        + ["tools.external=" + json.dumps([{"name": "mirror", "url": pool.url("notes")}])],
+    )
+    local = await LocalToolPool.create(cfg.tools)
+    try:
+        tools = await local.list_tools()
+        assert "mirror.notes.add" in {t["name"] for t in tools["mirror"]}  # namespaced once more
+        r = await local.call("mirror.notes.add", {"a": 20, "b": 22})
+        assert r.ok and r.structured == {"sum": 42}
+        r = await local.call_tool("mirror", "notes.sleep", {"seconds": 5})
+        assert not r.ok and "timed out" in r.error  # the remote pool's timeout, reported through the proxy
+    finally:
+        await local.close()
 
 
 async def test_live_backend_without_key_is_an_infra_fault(ray_cluster, monkeypatch):
