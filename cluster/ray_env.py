@@ -58,6 +58,7 @@ def start_ray(cfg: ClusterConfig) -> RayHandle:
         return RayHandle(address, started_here=False, dashboard_url=info.dashboard_url or None)
 
     info = ray.init(
+        address="local",  # always a new instance, never a cluster someone `ray start`ed on this machine
         num_cpus=cfg.num_cpus or os.cpu_count(),
         namespace=cfg.namespace,
         include_dashboard=cfg.dashboard,
@@ -77,13 +78,8 @@ def stop_ray(handle: RayHandle) -> None:
 
     if not ray.is_initialized():
         return
-    if handle.started_here:
-        from ray import serve
-
-        try:
-            serve.shutdown()
-        except Exception as e:  # Serve may never have started; shutting down must not fail on that.
-            log.debug("serve.shutdown: %s", e)
+    # An embedded Ray takes its Serve with it; asking Serve to shut down first only makes the raylet
+    # log the controller's killed tasks.
     ray.shutdown()
 
 

@@ -36,3 +36,13 @@ def test_second_start_reuses_the_running_ray(ray_cluster):
     again = start_ray(ClusterConfig())
     assert not again.started_here  # stopping this handle must not stop the session's Ray
     assert again.address == ray_cluster.address
+
+
+def test_address_precedence(monkeypatch):
+    from cluster.ray_env import cluster_address
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert cluster_address(ClusterConfig()) is None  # embedded
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")  # what `ray job submit` sets
+    assert cluster_address(ClusterConfig()) == "127.0.0.1:6379"
+    assert cluster_address(ClusterConfig(address="auto")) == "auto"  # the config wins
