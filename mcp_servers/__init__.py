@@ -1,14 +1,22 @@
-"""FastMCP servers for the built-in tools. Each module `mcp_servers/<name>.py` has `build(cfg) -> FastMCP`."""
+"""FastMCP servers for the built-in tools. Each module `mcp_servers/<name>.py` has `build(cfg) -> FastMCP`,
+and may have `async health(cfg) -> str | None` for the pool's health checks."""
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from fastmcp import FastMCP
 
 BUILTIN_SERVERS = ("polygon", "fmp", "tavily", "slack", "python")
+
+
+def health_probe(name: str, cfg: Any) -> Callable[[], Awaitable[str | None]] | None:
+    """A server module's optional `health(cfg)`: None when healthy, else the reason."""
+    probe = getattr(importlib.import_module(f"mcp_servers.{name}"), "health", None)
+    return (lambda: probe(cfg)) if probe else None
 
 
 def build_server(name: str, cfg: Any) -> FastMCP:

@@ -10,7 +10,7 @@ from fastmcp import FastMCP
 from pydantic import Field
 
 from configs.schema import PythonToolConfig
-from mcp_servers.sandbox import run_sandboxed
+from mcp_servers.sandbox import run_sandboxed, sandbox_health
 
 
 def build(cfg: PythonToolConfig) -> FastMCP:
@@ -40,3 +40,8 @@ def build(cfg: PythonToolConfig) -> FastMCP:
             return (await run_sandboxed(code, box, stdin=stdin)).to_dict()
 
     return mcp
+
+
+async def health(cfg: PythonToolConfig) -> str | None:
+    """A replica is healthy when a sandboxed program runs (bubblewrap present and working)."""
+    return await sandbox_health(cfg.sandbox)

@@ -10,6 +10,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
@@ -122,9 +123,18 @@ def _validation_message(exc: BaseException) -> str:
 class ToolHost:
     """Calls the tools of one server with the deployment's timeouts, retries and rate limit."""
 
-    def __init__(self, name: str, backend: ToolBackend, cfg: Deployment, replicas: int = 1) -> None:
+    def __init__(
+        self,
+        name: str,
+        backend: ToolBackend,
+        cfg: Deployment,
+        replicas: int = 1,
+        probe: Callable[[], Awaitable[str | None]] | None = None,
+    ) -> None:
+        """`probe`: a server's own health check, returning None when healthy or the reason it is not."""
         self.name = name
         self.backend = backend
+        self.probe = probe
         self.cfg = cfg
         self.limiter = RateLimiter(cfg.rate_limit_per_s / replicas) if cfg.rate_limit_per_s else None
         self._tools: list[dict[str, Any]] | None = None
@@ -171,10 +181,12 @@ class ToolHost:
             await asyncio.sleep(self.cfg.retry_backoff_s * 2 ** (attempt - 1))
 
     async def healthy(self) -> None:
-        """Raise if the server cannot list its tools (Serve restarts a replica whose check fails)."""
+        """Raise if the server cannot list its tools or fails its probe (Serve restarts such a replica)."""
         self._tools = None
         if not await self.list_tools():
             raise RuntimeError(f"MCP server {self.name!r} lists no tools")
+        if self.probe and (problem := await self.probe()):
+            raise RuntimeError(f"MCP server {self.name!r} is unhealthy: {problem}")
 
 
 # --------------------------------------------------------------------------- backends

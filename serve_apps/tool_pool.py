@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from configs.schema import Deployment, ExternalServer, ToolsConfig
-from mcp_servers import build_server
+from mcp_servers import build_server, health_probe
 from mcp_servers.errors import UnknownTool
 from serve_apps.mcp_front import build_front, http_app
 from serve_apps.tool_host import ClientBackend, LocalBackend, ToolBackend, ToolCallResult, ToolHost
@@ -74,7 +74,8 @@ def make_backend(spec: ServerSpec) -> ToolBackend:
 
 
 async def make_host(spec: ServerSpec) -> ToolHost:
-    return ToolHost(spec.name, make_backend(spec), spec.cfg, replicas=spec.replicas)
+    probe = None if spec.external else health_probe(spec.name, spec.cfg)
+    return ToolHost(spec.name, make_backend(spec), spec.cfg, replicas=spec.replicas, probe=probe)
 
 
 # --------------------------------------------------------------------------- in-process pool

@@ -332,3 +332,13 @@ async def test_server_in_process():
     with pytest.raises(ToolError) as err:
         await server.call_tool("run_python", {"code": "while True:\n    pass\n"})
     assert isinstance(err.value.__cause__, SandboxError)  # the pool reads the fault kind from here
+
+
+async def test_health_probe_reports_a_missing_sandbox(monkeypatch):
+    from mcp_servers import health_probe
+
+    probe = health_probe("python", PythonToolConfig())
+    if sandbox.find_bwrap():
+        assert await probe() is None
+    monkeypatch.setattr(sandbox, "find_bwrap", lambda: None)
+    assert "bubblewrap" in await probe()

@@ -6,6 +6,8 @@ import asyncio
 import time
 from typing import Any
 
+import pytest
+
 from configs.schema import Deployment
 from mcp_servers.errors import InvalidArguments, UpstreamError
 from serve_apps.tool_host import RateLimiter, ToolHost
@@ -78,3 +80,14 @@ async def test_rate_limit_spaces_calls():
 async def test_rate_limit_is_split_across_replicas():
     h = ToolHost("svc", Flaky(UpstreamError("x"), 0), Deployment(rate_limit_per_s=10), replicas=2)
     assert h.limiter is not None and h.limiter.rate == 5
+
+
+async def test_health_check_runs_the_servers_probe():
+    h = ToolHost("svc", Flaky(UpstreamError("x"), 0), Deployment(), probe=lambda: _answer("bwrap is missing"))
+    with pytest.raises(RuntimeError, match="bwrap is missing"):
+        await h.healthy()
+    await ToolHost("svc", Flaky(UpstreamError("x"), 0), Deployment(), probe=lambda: _answer(None)).healthy()
+
+
+async def _answer(value: str | None) -> str | None:
+    return value
