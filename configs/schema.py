@@ -130,6 +130,48 @@ class ToolsConfig(Strict):
         return self
 
 
+# --------------------------------------------------------------------------- task generation
+
+Complexity = Literal["simple", "medium", "hard"]
+
+
+class OpenAIConfig(Strict):
+    """An OpenAI-compatible endpoint (OpenAI itself, or any server that speaks its API)."""
+
+    model: str = Field("gpt-4o-mini", description="Env OPENAI_MODEL overrides.")
+    base_url: str | None = Field(None, description="Env OPENAI_BASE_URL overrides; None = OpenAI's own.")
+    backend: Literal["chat", "responses"] = Field(
+        "chat", description="Chat Completions or Responses API (env OPENAI_BACKEND)."
+    )
+    api_key_env: str = Field("OPENAI_API_KEY", description="Variable holding the key (a local server may need none).")
+    timeout_s: float = Field(60.0, gt=0)
+    max_retries: int = Field(4, ge=0, description="Retries with exponential backoff on 429/5xx/network errors.")
+    concurrency: int = Field(4, ge=1, description="Requests in flight at once.")
+    temperature: float = Field(0.7, ge=0, le=2)
+    cache_dir: str = Field("", description="Response cache (reruns cost nothing); empty = <MCPRL_CACHE>/openai.")
+
+
+class GenerationConfig(Strict):
+    """`python -m jobs.generate_tasks`; each knob also has a CLI option and an environment variable."""
+
+    n_samples: int = Field(50, ge=1, description="Tasks to generate (env N_SAMPLES).")
+    seed: int = 0
+    domains: list[str] = Field(default_factory=list, description="Servers to draw tools from (env DOMAINS); [] = all.")
+    complexities: list[Complexity] = Field(
+        default_factory=lambda: ["simple", "medium", "hard"], description="Env COMPLEXITIES, comma-separated."
+    )
+    max_tools: int = Field(4, ge=1, description="Most distinct tools in one task (env MAX_TOOLS).")
+    max_turns: int = Field(8, ge=1, le=50, description="Turn budget written into each task (env MAX_TURNS).")
+    splits: dict[str, float] = Field(
+        default_factory=dict,
+        description="e.g. {train: 0.8, validation: 0.1, test: 0.1}; no template shared across splits.",
+    )
+    near_duplicate_threshold: float = Field(
+        0.9, gt=0, le=1, description="Prompt similarity at which a task is a near-duplicate."
+    )
+    openai: OpenAIConfig = Field(default_factory=OpenAIConfig)
+
+
 # --------------------------------------------------------------------------- model, cluster
 
 
@@ -155,4 +197,5 @@ class Config(Strict):
     run_name: str = "mcprl"
     model: ModelConfig = Field(default_factory=ModelConfig)
     tools: ToolsConfig = Field(default_factory=ToolsConfig)
+    generation: GenerationConfig = Field(default_factory=GenerationConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
