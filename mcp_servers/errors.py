@@ -8,7 +8,10 @@ only the first may ever become a negative reward.
 
 from __future__ import annotations
 
+import logging
 from typing import Literal
+
+from fastmcp.exceptions import ToolError
 
 ErrorKind = Literal["timeout", "invalid_arguments", "unknown_tool", "upstream", "sandbox", "unavailable"]
 
@@ -16,13 +19,17 @@ ErrorKind = Literal["timeout", "invalid_arguments", "unknown_tool", "upstream", 
 INFRA_KINDS: frozenset[str] = frozenset({"upstream", "unavailable"})
 
 
-class ToolFault(Exception):
-    """A tool call failed for a named reason."""
+class ToolFault(ToolError):
+    """A tool call failed for a named reason.
+
+    A FastMCP `ToolError`, so FastMCP passes it through unwrapped, sends its message to MCP clients,
+    and logs it in one line: these are expected outcomes, not crashes worth a traceback.
+    """
 
     kind: ErrorKind = "upstream"
 
     def __init__(self, message: str, *, retryable: bool = False) -> None:
-        super().__init__(message)
+        super().__init__(message, log_level=logging.INFO)
         self.retryable = retryable
 
 

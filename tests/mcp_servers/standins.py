@@ -22,7 +22,6 @@ from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 from fastmcp import FastMCP
-from fastmcp.exceptions import ToolError
 
 from mcp_servers.errors import ToolFault, Unavailable, UpstreamError
 
@@ -225,11 +224,10 @@ async def call(server: FastMCP, tool: str, **args: Any) -> dict[str, Any]:
 
 
 async def fault(server: FastMCP, tool: str, **args: Any) -> ToolFault:
-    """Call a tool that must fail with a ToolFault; return that fault (FastMCP wraps it in a ToolError)."""
-    with pytest.raises(ToolError) as info:
+    """Call a tool that must fail with a ToolFault; return that fault (FastMCP raises it as it is)."""
+    with pytest.raises(ToolFault) as info:
         await server.call_tool(tool, args)
-    assert isinstance(info.value.__cause__, ToolFault), repr(info.value.__cause__)
-    return info.value.__cause__
+    return info.value
 
 
 # HTTP failures every live backend must map the same way: (status, fault type, retryable).
