@@ -1,0 +1,155 @@
+"""`python -m jobs.generate_tasks` as a user runs it: files written, the gate's summary, exit codes, and
+never a traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tasks.io import read_rows
+from tasks.schema import TaskRow
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "tasks" / "examples" / "conversations.jsonl"
+SPLIT = "train=0.8,validation=0.1,test=0.1"
+KNOB_VARS = ("N_SAMPLES", "DOMAINS", "COMPLEXITIES", "MAX_TOOLS", "MAX_TURNS", "OPENAI_MODEL", "OPENAI_BACKEND")
+
+
+@dataclass
+class Run:
+    rc: int
+    out: str  # stdout and stderr together
+
+
+def _run(args: list[str], env: dict[str, str]) -> Run:
+    base = {k: v for k, v in os.environ.items() if k not in KNOB_VARS}
+    proc = subprocess.run(
+        [sys.executable, "-m", "jobs.generate_tasks", *args],
+        cwd=ROOT,
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return Run(proc.returncode, proc.stdout + proc.stderr)
+
+
+@pytest.fixture(scope="module")
+def tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("generate_job")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp: Path) -> dict[str, Run]:
+    """Every invocation at once, in parallel: each pays for its own Python start-up."""
+    specs = [json.loads(line) for line in EXAMPLE.read_text().splitlines()]
+    failing = json.loads(json.dumps(specs[0]).replace('\\"NVDA\\"', '\\"ZZZZ\\"'))  # an unknown ticker offline
+    failing["id"] = "example-unknown-ticker"
+    (tmp / "mixed.jsonl").write_text(json.dumps(specs[0]) + "\n" + json.dumps(failing) + "\n")
+    (tmp / "none.jsonl").write_text(json.dumps(failing) + "\n")
+    (tmp / "bad.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    invocations: dict[str, tuple[list[str], dict[str, str]]] = {
+        "rule": (["--method", "rule", "--n", "40", "--out", str(tmp / "x.jsonl")], {}),
+        "split": (
+            ["--method", "rule", "--n", "30", "--seed", "1", "--out", str(tmp / "s.parquet"), "--split", SPLIT],
+            {},
+        ),
+        "env": (
+            ["--method", "rule", "--n", "6", "--out", str(tmp / "e.json")],
+            {"N_SAMPLES": "50", "COMPLEXITIES": "simple"},
+        ),
+        "dependent": (["--method", "dependent", "--in", str(tmp / "mixed.jsonl"), "--out", str(tmp / "d.jsonl")], {}),
+        "none_kept": (["--method", "dependent", "--in", str(tmp / "none.jsonl"), "--out", str(tmp / "n.jsonl")], {}),
+        "bad_spec": (["--method", "dependent", "--in", str(tmp / "bad.jsonl"), "--out", str(tmp / "b.jsonl")], {}),
+        "n": (["--method", "rule", "--n", "0"], {}),
+        "method": (["--method", "magic"], {}),
+        "complexity": (["--method", "rule", "--complexities", "easy"], {}),
+        "env_turns": (["--method", "rule"], {"MAX_TURNS": "abc"}),
+        "split_sum": (["--method", "rule", "--split", "train=0.5,test=0.6"], {}),
+        "suffix": (["--method", "rule", "--out", str(tmp / "x.csv")], {}),
+        "no_in": (["--method", "dependent"], {}),
+        "missing_in": (["--method", "dependent", "--in", str(tmp / "missing.jsonl")], {}),
+        "domain": (["--method", "rule", "--domains", "weather", "--out", str(tmp / "w.jsonl")], {}),
+        "config": (["--method", "rule", "--set", "generation.max_turns=99"], {}),
+    }
+    with ThreadPoolExecutor(max_workers=len(invocations)) as ex:
+        futures = {name: ex.submit(_run, args, env) for name, (args, env) in invocations.items()}
+        return {name: f.result() for name, f in futures.items()}
+
+
+def test_rule_writes_admitted_rows_and_prints_the_summary(runs: dict[str, Run], tmp: Path) -> None:
+    run = runs["rule"]
+    assert run.rc == 0, run.out
+    assert "rule: kept 40 of 40" in run.out
+    assert f"wrote 40 rows (21 templates) to {tmp / 'x.jsonl'}" in run.out
+    rows = read_rows(tmp / "x.jsonl")
+    assert len(rows) == 40
+    for row in rows:
+        TaskRow.model_validate(row)
+
+
+def test_split_writes_one_file_per_split_without_shared_templates(runs: dict[str, Run], tmp: Path) -> None:
+    run = runs["split"]
+    assert run.rc == 0, run.out
+    templates = {}
+    for split, count in (("train", 24), ("validation", 3), ("test", 3)):
+        rows = read_rows(tmp / f"s.{split}.parquet")
+        assert len(rows) == count and {r["extra_info"]["split"] for r in rows} == {split}
+        templates[split] = {r["extra_info"]["template"] for r in rows}
+    assert not templates["train"] & templates["validation"]
+    assert not templates["train"] & templates["test"]
+    assert not templates["validation"] & templates["test"]
+    assert not (tmp / "s.parquet").exists()
+
+
+def test_cli_beats_environment_beats_config(runs: dict[str, Run], tmp: Path) -> None:
+    run = runs["env"]
+    assert run.rc == 0, run.out
+    rows = read_rows(tmp / "e.json")
+    assert len(rows) == 6  # --n over N_SAMPLES
+    assert {r["reward_spec"]["ground_truth"]["complexity"] for r in rows} == {"simple"}  # COMPLEXITIES over config
+
+
+def test_rejected_rows_are_listed_with_their_reason(runs: dict[str, Run], tmp: Path) -> None:
+    run = runs["dependent"]
+    assert run.rc == 0, run.out
+    assert "dependent: kept 1 of 2; rejected: 1 a tool call failed offline" in run.out
+    assert "rejected example-unknown-ticker: a tool call failed offline (step 1 polygon.previous_close" in run.out
+    assert [r["reward_spec"]["ground_truth"]["task_id"] for r in read_rows(tmp / "d.jsonl")] == ["example-nvda-close"]
+
+
+def test_nothing_admitted_exits_1_without_a_file(runs: dict[str, Run], tmp: Path) -> None:
+    run = runs["none_kept"]
+    assert run.rc == 1, run.out
+    assert "kept 0 of 1" in run.out and "no file written" in run.out
+    assert not (tmp / "n.jsonl").exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("bad_spec", "spec[0]: no tool calls"),
+        ("n", "argument --n: 0 must be at least 1"),
+        ("method", "argument --method: invalid choice: 'magic'"),
+        ("complexity", "--complexities=easy: Input should be 'simple', 'medium' or 'hard'"),
+        ("env_turns", "environment MAX_TURNS=abc"),
+        ("split_sum", "split fractions must sum to 1"),
+        ("suffix", "unknown file type '.csv'"),
+        ("no_in", "--method dependent needs --in FILE"),
+        ("missing_in", "no such file"),
+        ("domain", "--domains/DOMAINS: no server weather"),
+        ("config", "generation.max_turns"),
+    ],
+)
+def test_bad_input_exits_2_without_a_traceback(runs: dict[str, Run], name: str, message: str) -> None:
+    run = runs[name]
+    assert run.rc == 2, run.out
+    assert message in run.out, run.out
+    assert "Traceback" not in run.out
