@@ -14,7 +14,7 @@ from rich.console import Console
 
 from cluster.ray_env import ray_session
 from jobs.cli import base_parser, setup
-from serve_apps.tool_pool import ServeToolPool, deploy_pool, undeploy_pool
+from serve_apps.tool_pool import ServeToolPool, deploy_pool, server_specs, undeploy_apps, undeploy_pool
 
 
 def print_pool(console: Console, pool: ServeToolPool, tools: dict[str, list[dict]]) -> None:
@@ -38,17 +38,22 @@ def main(argv: list[str] | None = None) -> None:
             pool = deploy_pool(cfg.tools)
         except ValueError as e:
             sys.exit(f"error: {e}")
-        print_pool(console, pool, asyncio.run(pool.list_tools()))
-        if cfg.tools.http.bearer_token_env:
-            console.print(f"HTTP clients must send 'Authorization: Bearer ${cfg.tools.http.bearer_token_env}'.")
-        if not args.once:
-            console.print("Serving; press Ctrl-C to stop.")
-            try:
+        except KeyboardInterrupt:  # Ctrl-C while Serve is still bringing replicas up
+            console.print("interrupted while deploying")
+            undeploy_apps(s.name for s in server_specs(cfg.tools))
+            sys.exit(130)
+        try:
+            print_pool(console, pool, asyncio.run(pool.list_tools()))
+            if cfg.tools.http.bearer_token_env:
+                console.print(f"HTTP clients must send 'Authorization: Bearer ${cfg.tools.http.bearer_token_env}'.")
+            if not args.once:
+                console.print("Serving; press Ctrl-C to stop.")
                 while not stop.wait(1.0):
                     pass
-            except KeyboardInterrupt:
-                pass
-        undeploy_pool(pool)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            undeploy_pool(pool)
     console.print("stopped")
 
 

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -289,12 +290,17 @@ def _serving_address(cfg: ToolsConfig) -> tuple[str, int]:
 
 def undeploy_pool(pool: ServeToolPool, timeout_s: float = 60.0) -> None:
     """Delete the pool's applications (leaves Serve and other applications alone)."""
+    undeploy_apps(pool.handles, timeout_s)
+
+
+def undeploy_apps(servers: Iterable[str], timeout_s: float = 60.0) -> None:
+    """Delete the applications of these servers, those that exist, all at once (one by one costs seconds each)."""
     import time
 
     from ray import serve
 
-    names = {APP_PREFIX + n for n in pool.handles}
-    for name in names:  # all at once: deleting one by one costs seconds each
+    names = {APP_PREFIX + n for n in servers} & set(serve.status().applications)
+    for name in names:
         serve.delete(name, _blocking=False)
     deadline = time.monotonic() + timeout_s
     while names & set(serve.status().applications) and time.monotonic() < deadline:

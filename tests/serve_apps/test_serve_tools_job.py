@@ -6,9 +6,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
-import httpx
 from fastmcp import Client
 
 from tests.conftest import free_port
@@ -16,17 +16,24 @@ from tests.conftest import free_port
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def wait_for(url: str, proc: subprocess.Popen, within_s: float = 180) -> None:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.stdout.read()
-        try:
-            if httpx.get(url, timeout=1).status_code not in (404, 500, 503):  # the proxy is up before the app
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise AssertionError(f"{url} never answered")
+class Output:
+    """Collects a process's output lines in a thread, so the test can wait for one without blocking."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.lines: list[str] = []
+        self.thread = threading.Thread(target=lambda: self.lines.extend(iter(proc.stdout.readline, "")), daemon=True)
+        self.thread.start()
+
+    def wait_for(self, text: str, proc: subprocess.Popen, within_s: float = 240) -> None:
+        deadline = time.monotonic() + within_s
+        while not any(text in line for line in self.lines):
+            assert proc.poll() is None, "".join(self.lines)
+            assert time.monotonic() < deadline, f"no {text!r} within {within_s} s:\n" + "".join(self.lines)
+            time.sleep(0.2)
+
+    def text(self) -> str:
+        self.thread.join(timeout=30)
+        return "".join(self.lines)
 
 
 async def test_serve_tools_serves_mcp_to_an_outside_client_and_stops_on_interrupt():
@@ -35,17 +42,20 @@ async def test_serve_tools_serves_mcp_to_an_outside_client_and_stops_on_interrup
     args = [sys.executable, "-m", "jobs.serve_tools", *[a for s in sets for a in ("--set", s)]]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output = Output(proc)
     try:
+        output.wait_for("Serving; press Ctrl-C to stop.", proc)
         url = f"http://127.0.0.1:{port}/mcp/slack/"
-        wait_for(url, proc)
         async with Client(url) as client:
             assert {t.name for t in await client.list_tools()} == {"list_channels", "read_history", "post_message"}
             res = await client.call_tool("post_message", {"channel": "general", "text": "from outside"})
             assert res.structured_content["message"]["text"] == "from outside"
         proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=120)
+        proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
+    out = output.text()
     assert proc.returncode == 0, out
     assert f"http://127.0.0.1:{port}/mcp/polygon/" in out and "stopped" in out
+    assert "Traceback" not in out
