@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import NoReturn
 
 import cluster.ray_env  # noqa: F401  (first: sets Ray's loopback-only environment before `ray` is imported)
 from configs.loader import ConfigError, load_config, load_dotenv_file
@@ -26,8 +27,14 @@ def base_parser(description: str) -> argparse.ArgumentParser:
     return p
 
 
+def usage_error(message: str) -> NoReturn:
+    """A bad invocation (options, config, input file): the message on stderr and exit status 2, no traceback."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 def setup(args: argparse.Namespace) -> Config:
-    """Logging, `.env`, then the validated config; a bad config exits with its message, not a traceback."""
+    """Logging, `.env`, then the validated config; a bad config is a usage error."""
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -39,4 +46,4 @@ def setup(args: argparse.Namespace) -> Config:
     try:
         return load_config(args.config, args.overrides)
     except ConfigError as e:
-        sys.exit(f"error: {e}")
+        usage_error(str(e))

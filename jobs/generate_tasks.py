@@ -29,12 +29,12 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from pydantic import ValidationError
 
 from configs.schema import Config, LiveService, SlackConfig, ToolsConfig
-from jobs.cli import base_parser, setup
+from jobs.cli import base_parser, setup, usage_error
 from tasks.generators import METHODS, GeneratorUnavailable, get_generator
 from tasks.generators.options import GenerateOptions, GenerationError
 from tasks.generators.splits import assign_rows, check_splits, parse_splits
@@ -53,11 +53,6 @@ KNOBS = {
     "max_turns": ("MAX_TURNS", "max_turns"),
 }
 OPENAI_ENV = {"OPENAI_MODEL": "model", "OPENAI_BACKEND": "backend", "OPENAI_BASE_URL": "base_url"}
-
-
-def usage_error(message: str) -> NoReturn:
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
 
 
 def _csv(text: str) -> list[str]:
@@ -238,12 +233,7 @@ def _status(message: str) -> Any:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    try:
-        cfg = setup(args)
-    except SystemExit as e:  # setup exits with the config's error message: a usage error
-        if isinstance(e.code, str):
-            usage_error(e.code.removeprefix("error: "))
-        raise
+    cfg = setup(args)
     out = Path(args.out)
     if out.suffix.lower() not in FORMATS:
         usage_error(f"--out {out}: unknown file type {out.suffix or '(none)'!r}; use one of {', '.join(FORMATS)}")

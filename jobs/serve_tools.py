@@ -13,7 +13,7 @@ import threading
 from rich.console import Console
 
 from cluster.ray_env import ray_session
-from jobs.cli import base_parser, setup
+from jobs.cli import base_parser, setup, usage_error
 from serve_apps.tool_pool import ServeToolPool, deploy_pool, server_specs, undeploy_apps, undeploy_pool
 
 
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> None:
         try:
             pool = deploy_pool(cfg.tools)
         except ValueError as e:
-            sys.exit(f"error: {e}")
+            usage_error(str(e))
         except KeyboardInterrupt:  # Ctrl-C while Serve is still bringing replicas up
             console.print("interrupted while deploying")
             undeploy_apps(s.name for s in server_specs(cfg.tools))

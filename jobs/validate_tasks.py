@@ -14,18 +14,12 @@ from __future__ import annotations
 import asyncio
 import sys
 from pathlib import Path
-from typing import NoReturn
 
-from jobs.cli import base_parser, setup
+from jobs.cli import base_parser, setup, usage_error
 from tasks.io import FORMATS, TaskFileError, read_rows
 from tasks.validate import Stats, ValidationReport, validate_rows
 
 MAX_LISTED = 200  # issues printed of each kind; the counts are always complete
-
-
-def usage_error(message: str) -> NoReturn:
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -37,12 +31,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--strict", action="store_true", help="warnings (long prompts, near-duplicates) are errors")
     args = parser.parse_args(argv)
-    try:
-        cfg = setup(args)
-    except SystemExit as e:  # setup exits with the config's error message: a usage error
-        if isinstance(e.code, str):
-            usage_error(e.code.removeprefix("error: "))
-        raise
+    cfg = setup(args)
 
     path = Path(args.in_path)
     if path.suffix.lower() not in FORMATS:
