@@ -172,6 +172,72 @@ class GenerationConfig(Strict):
     openai: OpenAIConfig = Field(default_factory=OpenAIConfig)
 
 
+# --------------------------------------------------------------------------- environment and rewards
+
+
+class EnvConfig(Strict):
+    """MCPToolEnv: how model text becomes tool calls and tool results become observations."""
+
+    observation_role: Literal["tool", "user"] = Field(
+        "tool", description="Role of the messages that carry tool results."
+    )
+    max_observation_chars: int = Field(4000, ge=100, description="Longer tool output is cut, with a note saying so.")
+    final_answer: Literal["tag", "no_call"] = Field(
+        "tag", description="tag: a final answer is <answer>...</answer>; no_call: any turn without a tool call."
+    )
+    max_calls_per_turn: int = Field(4, ge=1, description="Calls beyond this in one turn are refused (penalised).")
+    argument_aliases: dict[str, str] = Field(
+        default_factory=lambda: {
+            "symbol": "ticker",
+            "query_text": "query",
+            "channel_name": "channel",
+            "source": "code",
+        },
+        description="Argument names the model may use for a tool's real parameter, applied only when the tool "
+        "has the target and lacks the alias (e.g. symbol→ticker for polygon, ticker→symbol is not implied).",
+    )
+    default_max_turns: int = Field(8, ge=1, le=50, description="Used when a task's ground truth names none.")
+
+
+class HeuristicWeights(Strict):
+    """Step-wise shaped reward; see envs/rewards.py for the ranges these defaults give."""
+
+    allowed_tool: float = 0.2
+    must_call_first: float = 0.4
+    expected_next: float = 0.2
+    params_match: float = 0.1
+    tool_ok: float = 0.1
+    malformed: float = -0.2
+    unknown_tool: float = -0.2
+    timeout: float = -0.2
+    outcome: float = 1.0
+
+
+class JudgeConfig(Strict):
+    """The LLM judge (OpenAI-compatible endpoint, structured outputs)."""
+
+    openai: OpenAIConfig = Field(default_factory=OpenAIConfig)
+    rubric: dict[str, float] = Field(
+        default_factory=lambda: {"tool_choice": 0.35, "arguments": 0.25, "progress": 0.3, "safety": 0.1},
+        description="Weights of the judge's scores in its reward.",
+    )
+    max_input_tokens: int = Field(3000, ge=256, description="Token cap of what is sent (approximate, 4 chars/token).")
+    max_tool_result_chars: int = Field(800, ge=50, description="Tool results are cut to this before judging.")
+    secret_env_vars: list[str] = Field(default_factory=list, description="Extra variables whose values are redacted.")
+    serve: bool = Field(True, description="Run as a Ray Serve deployment when Ray is up; else in-process.")
+    max_batch_size: int = Field(8, ge=1)
+    batch_wait_s: float = Field(0.02, ge=0)
+    rate_limit_per_s: float | None = Field(None, gt=0)
+    num_cpus: float = Field(0.1, gt=0)
+
+
+class RewardConfig(Strict):
+    backend: Literal["heuristic", "llm_judge", "group_judge", "hybrid"] = "heuristic"
+    heuristic: HeuristicWeights = Field(default_factory=HeuristicWeights)
+    judge: JudgeConfig = Field(default_factory=JudgeConfig)
+    hybrid_judge_weight: float = Field(0.5, ge=0, le=1, description="hybrid = (1-w)·heuristic + w·judge.")
+
+
 # --------------------------------------------------------------------------- model, cluster
 
 
@@ -198,4 +264,6 @@ class Config(Strict):
     model: ModelConfig = Field(default_factory=ModelConfig)
     tools: ToolsConfig = Field(default_factory=ToolsConfig)
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
