@@ -29,8 +29,10 @@ TOOL_INSTRUCTION = (
     "You can call the tools below. To call one, reply with exactly one tool call in this format:\n"
     f"{TOOL_CALL_FORMAT}\n"
     "You will get its result in the next message. When you have what you need, give the final answer "
-    "as plain text.\nTools:"
+    "{answer_format}.\nTools:"
 )
+# How a final answer is marked, by EnvConfig.final_answer: the prompt must say what the parser expects.
+ANSWER_FORMATS = {"tag": "inside <answer>...</answer>", "no_call": "as plain text, without a tool call"}
 
 _PROBE_MESSAGES = [{"role": "user", "content": "probe"}]
 _PROBE_TOOL = {"name": "probe_tool_x7q", "description": "probe", "parameters": {"type": "object", "properties": {}}}
@@ -47,13 +49,13 @@ def template_uses_tools(tokenizer: PreTrainedTokenizerBase) -> bool:
     return _uses_tools[key]
 
 
-def tool_block(tools: list[dict[str, Any]]) -> str:
+def tool_block(tools: list[dict[str, Any]], final_answer: str = "tag") -> str:
     """The system-prompt text that presents the tools to a template that cannot."""
     lines = [
         json.dumps({"name": t["name"], "description": t.get("description", ""), "parameters": t["parameters"]})
         for t in tools
     ]
-    return "\n".join([TOOL_INSTRUCTION, *lines])
+    return "\n".join([TOOL_INSTRUCTION.replace("{answer_format}", ANSWER_FORMATS[final_answer]), *lines])
 
 
 def render_prompt(

@@ -1,11 +1,16 @@
 """Benchmarks, measured side by side in one run and reported as ratios.
 
     python -m jobs.benchmark --suite tools [--calls 300] [--out bench_results/tools.json]
+    python -m jobs.benchmark --suite env [--calls 300]
 
 Suite `tools`: one cheap tool (polygon.previous_close, offline) called through three doors —
 the in-process FastMCP client, a Serve handle, and MCP over HTTP through Serve's proxy — and a
 CPU-bound python-tool program on 1 vs 2 replicas. Numbers depend on the machine and its load:
 compare the columns of one run, not runs of different days.
+
+Suite `env`: MCPToolEnv's own cost per step. `astep` on a typical one-call Hermes turn against an
+instant in-process tool (a client that returns a canned result at once) vs that tool called alone;
+the difference is the env's overhead per step (parsing, reward, observation, metadata).
 """
 
 from __future__ import annotations
@@ -155,7 +160,107 @@ def print_tools(report: dict[str, Any], console: Console) -> None:
     )
 
 
-SUITES = {"tools": (suite_tools, print_tools)}
+# --------------------------------------------------------------------------- env suite
+
+ENV_ACTION = '<tool_call>{"name": "polygon.previous_close", "arguments": {"ticker": "NVDA"}}</tool_call>'
+ENV_ROW = {
+    "data_source": "mcprl/bench",
+    "prompt": [{"role": "user", "content": "What was NVDA's previous close?"}],
+    "reward_spec": {
+        "method": "rule",
+        "ground_truth": {
+            "task_id": "bench-env",
+            "complexity": "simple",
+            "max_turns": 50,
+            "success": {"must_call_tool": "polygon.previous_close"},
+            "tool_sequence": [{"step": 1, "server": "polygon", "tool": "previous_close", "params": {"ticker": "NVDA"}}],
+            "limits": {"max_servers": 1, "max_tools": 1},
+            "final_answer": {"value": 186.52, "tolerance": 0.01},
+        },
+    },
+}
+
+
+class InstantResult:
+    """A canned ok result, the size of a real previous_close answer."""
+
+    ok = True
+    text = '{"ticker":"NVDA","status":"OK","results":[{"T":"NVDA","o":183.1,"c":186.52,"v":171234567}]}'
+    structured = None
+    error_kind = None
+    error = None
+    latency_ms = 0.0
+    infra_fault = False
+
+
+class InstantClient:
+    """A ToolClient that answers at once: what is left of a step is the env's own work."""
+
+    result = InstantResult()
+
+    async def call_tool(self, server: str, tool: str, arguments: dict[str, Any] | None = None) -> InstantResult:
+        return self.result
+
+    async def list_tools(self) -> dict[str, list[dict[str, Any]]]:
+        schema = {"type": "object", "properties": {"ticker": {"type": "string"}}, "required": ["ticker"]}
+        return {"polygon": [{"name": "previous_close", "description": "Previous day bar.", "inputSchema": schema}]}
+
+
+async def bench_env_steps(n: int, repeats: int = 5) -> dict[str, float]:
+    """Best-of-`repeats` seconds per step for n steps of: the tool alone, and the env's astep."""
+    from envs.mcp_tool_env import MCPToolEnv
+    from envs.tool_client import set_tool_client
+
+    client = InstantClient()
+    set_tool_client(client)
+    try:
+        env = MCPToolEnv(None, ENV_ROW)
+        await env.ainit(None)
+        tool_s, env_s = [], []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            for _ in range(n):
+                await client.call_tool("polygon", "previous_close", {"ticker": "NVDA"})
+            tool_s.append((time.perf_counter() - t) / n)
+            t = time.perf_counter()
+            for _ in range(n):
+                env.turns, env.done = 0, False  # keep one long episode going without re-building the env
+                out = await env.astep(ENV_ACTION)
+            env_s.append((time.perf_counter() - t) / n)
+            env.conversation = env.conversation[:2]
+        if out["metadata"]["calls"][0]["ok"] is not True:
+            raise RuntimeError(f"benchmark step failed: {out['metadata']}")
+    finally:
+        set_tool_client(None)
+    return {"tool_s": min(tool_s), "env_s": min(env_s)}
+
+
+def suite_env(cfg: Config, calls: int, console: Console) -> dict[str, Any]:
+    n = max(2000, calls * 10)  # micro-timings: many steps, best of 5
+    with console.status(f"env: {n} steps x 5"):
+        r = asyncio.run(bench_env_steps(n))
+    return {
+        "steps": n,
+        "action": ENV_ACTION,
+        "tool_alone_calls_per_s": 1 / r["tool_s"],
+        "env_astep_steps_per_s": 1 / r["env_s"],
+        "tool_alone_ms": r["tool_s"] * 1e3,
+        "env_astep_ms": r["env_s"] * 1e3,
+        "env_overhead_ms": (r["env_s"] - r["tool_s"]) * 1e3,
+    }
+
+
+def print_env(report: dict[str, Any], console: Console) -> None:
+    table = Table(title=f"MCPToolEnv step, one Hermes call, instant tool (best of 5 x {report['steps']} steps)")
+    for col in ("what", "per s", "ms each"):
+        table.add_column(col, justify="right" if col != "what" else "left")
+    table.add_row("tool alone", f"{report['tool_alone_calls_per_s']:,.0f}", f"{report['tool_alone_ms']:.4f}")
+    table.add_row("env astep", f"{report['env_astep_steps_per_s']:,.0f}", f"{report['env_astep_ms']:.4f}")
+    console.print(table)
+    console.print(f"env overhead per step: {report['env_overhead_ms']:.4f} ms (goal: < 0.2 ms)")
+
+
+SUITES = {"tools": (suite_tools, print_tools), "env": (suite_env, print_env)}
 
 
 def main(argv: list[str] | None = None) -> None:
