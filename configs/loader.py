@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import ValidationError
 
-from configs.schema import Config
+from configs.schema import Config, OpenAIConfig
 
 CONFIG_DIR = Path(__file__).resolve().parent
 
@@ -118,3 +119,20 @@ def redact(value: Any, key: str = "") -> Any:
 def dump_config(cfg: Config) -> str:
     """The config as YAML with secrets masked."""
     return yaml.safe_dump(redact(cfg.model_dump(mode="json")), sort_keys=False)
+
+
+# Environment variables that point any OpenAI-compatible section at another model or server.
+OPENAI_ENV = {"OPENAI_MODEL": "model", "OPENAI_BACKEND": "backend", "OPENAI_BASE_URL": "base_url"}
+
+
+def apply_openai_env(openai: OpenAIConfig, prefix: str, overrides: list[str], environ: Mapping[str, str]) -> None:
+    """OPENAI_MODEL / OPENAI_BACKEND / OPENAI_BASE_URL into the section at `prefix` (e.g.
+    `generation.openai`), except keys a `--set` names: the command line wins over the environment."""
+    set_keys = {o.split("=", 1)[0].strip() for o in overrides}
+    for var, key in OPENAI_ENV.items():
+        raw = environ.get(var, "").strip()
+        if raw and f"{prefix}.{key}" not in set_keys:
+            try:
+                setattr(openai, key, raw)
+            except ValidationError as e:
+                raise ConfigError(f"environment {var}={raw}: {'; '.join(err['msg'] for err in e.errors())}") from None

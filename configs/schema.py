@@ -216,7 +216,9 @@ class HeuristicWeights(Strict):
 class JudgeConfig(Strict):
     """The LLM judge (OpenAI-compatible endpoint, structured outputs)."""
 
-    openai: OpenAIConfig = Field(default_factory=OpenAIConfig)
+    openai: OpenAIConfig = Field(
+        default_factory=lambda: OpenAIConfig(temperature=0.0), description="The judge's endpoint; greedy by default."
+    )
     rubric: dict[str, float] = Field(
         default_factory=lambda: {"tool_choice": 0.35, "arguments": 0.25, "progress": 0.3, "safety": 0.1},
         description="Weights of the judge's scores in its reward.",

@@ -319,7 +319,11 @@ class MCPToolEnv(BaseTextEnv):
         from envs import judge  # lazy: only judge-backed runs need it (and its client)
 
         judged = await judge.reward_llm_judge(
-            history, history[-1]["content"], self.ground_truth.model_dump(), self.reward_cfg.judge.rubric
+            history,
+            history[-1]["content"],
+            self.ground_truth.model_dump(),
+            self.reward_cfg.judge.rubric,
+            judge=judge.default_judge(self.reward_cfg.judge),
         )
         if backend == "hybrid":
             mine = {"total_reward": heuristic, "components": meta["reward_components"], "infra_fault": False}

@@ -33,6 +33,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from configs.loader import ConfigError, apply_openai_env
 from configs.schema import Config, LiveService, SlackConfig, ToolsConfig
 from jobs.cli import base_parser, setup, usage_error
 from tasks.generators import METHODS, GeneratorUnavailable, get_generator
@@ -52,7 +53,6 @@ KNOBS = {
     "max_tools": ("MAX_TOOLS", "max_tools"),
     "max_turns": ("MAX_TURNS", "max_turns"),
 }
-OPENAI_ENV = {"OPENAI_MODEL": "model", "OPENAI_BACKEND": "backend", "OPENAI_BASE_URL": "base_url"}
 
 
 def _csv(text: str) -> list[str]:
@@ -101,10 +101,10 @@ def resolve(args: argparse.Namespace, cfg: Config, env: dict[str, str] | os._Env
         _assign(gen, key, value, f"{source}={raw if cli is None else _show(cli)}")
     if args.seed is not None:
         gen.seed = args.seed
-    for var, key in OPENAI_ENV.items():
-        raw = env.get(var, "").strip()
-        if raw and f"generation.openai.{key}" not in set_keys:
-            _assign(gen.openai, key, raw, f"environment {var}={raw}")
+    try:
+        apply_openai_env(gen.openai, "generation.openai", args.overrides, env)
+    except ConfigError as e:
+        raise GenerationError(str(e)) from None
     if args.split is not None:
         gen.splits = parse_splits(args.split)
     elif gen.splits:

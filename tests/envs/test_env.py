@@ -362,11 +362,12 @@ def test_hybrid_calls_the_judge_from_astep(rows, monkeypatch):
 
     seen = []
 
-    async def fake_judge(conversation, latest_action, ground_truth, rubric):
-        seen.append((conversation[-1]["content"], latest_action, ground_truth["task_id"]))
-        return {"total_reward": 0.5, "components": {}, "task_complete": False, "infra_fault": False}
+    class FakeJudge:  # registered like the Serve judge would be: the env must use it
+        async def score(self, conversation, latest_action, ground_truth, rubric):
+            seen.append((conversation[-1]["content"], latest_action, ground_truth["task_id"]))
+            return {"total_reward": 0.5, "components": {}, "task_complete": False, "infra_fault": False}
 
-    monkeypatch.setattr(judge, "reward_llm_judge", fake_judge)
+    monkeypatch.setattr(judge, "_registered", FakeJudge())
     row = simple_row(rows)
     env = make(row, reward={"backend": "hybrid", "hybrid_judge_weight": 0.25})
     env.init(row["prompt"])
