@@ -41,6 +41,7 @@ lint: install
 
 bench: install sandbox
 	$(PY) -m jobs.benchmark --suite tools
+	$(PY) -m jobs.benchmark --suite env
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
