@@ -40,8 +40,10 @@ def setup(args: argparse.Namespace) -> Config:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
-    for noisy in ("httpx", "httpx2", "mcp", "fastmcp"):
+    for noisy in ("httpx", "httpx2", "mcp"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # FastMCP warns about every call with invalid arguments: for us an expected, reported outcome.
+    logging.getLogger("fastmcp").setLevel(logging.ERROR)
     load_dotenv_file()
     try:
         return load_config(args.config, args.overrides)

@@ -146,7 +146,7 @@ def _deployment_class() -> Any:
     @serve.ingress()
     class MCPServer:
         async def __init__(self, spec: ServerSpec, token: str | None, secrets: dict[str, str]) -> None:
-            logging.getLogger("fastmcp").setLevel(logging.WARNING)
+            logging.getLogger("fastmcp").setLevel(logging.ERROR)  # bad arguments are results, not news
             os.environ.update(secrets)  # this replica's own process: backends read keys from the environment
             self.spec = spec
             self.token = token
