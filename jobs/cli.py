@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from typing import NoReturn
 
 import cluster.ray_env  # noqa: F401  (first: sets Ray's loopback-only environment before `ray` is imported)
 from configs.loader import ConfigError, load_config, load_dotenv_file
 from configs.schema import Config
+
+# FastMCP warns about every call with invalid arguments (for us an expected, reported outcome) and
+# sets its loggers' level when it is imported: so its own setting, before that import.
+os.environ.setdefault("FASTMCP_LOG_LEVEL", "ERROR")
 
 
 def base_parser(description: str) -> argparse.ArgumentParser:
@@ -42,8 +47,6 @@ def setup(args: argparse.Namespace) -> Config:
     )
     for noisy in ("httpx", "httpx2", "mcp"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    # FastMCP warns about every call with invalid arguments: for us an expected, reported outcome.
-    logging.getLogger("fastmcp").setLevel(logging.ERROR)
     load_dotenv_file()
     try:
         return load_config(args.config, args.overrides)
