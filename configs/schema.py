@@ -240,6 +240,53 @@ class RewardConfig(Strict):
     hybrid_judge_weight: float = Field(0.5, ge=0, le=1, description="hybrid = (1-w)·heuristic + w·judge.")
 
 
+# --------------------------------------------------------------------------- rollout
+
+
+class SamplingConfig(Strict):
+    temperature: float = Field(1.0, ge=0, description="0 = greedy.")
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_new_tokens: int = Field(256, ge=1, description="Per generation (one assistant turn).")
+    stop: list[str] = Field(default_factory=lambda: ["</tool_call>", "</answer>"], description="Kept in the output.")
+    repetition_penalty: float = Field(1.0, gt=0)
+    seed: int | None = Field(None, description="Per-request seed; None = engine default randomness.")
+
+
+class LoraConfig(Strict):
+    r: int = Field(16, ge=1)
+    alpha: int = Field(32, ge=1)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
+class FinetuneConfig(Strict):
+    mode: Literal["lora", "full"] = "lora"
+    lora: LoraConfig = Field(default_factory=LoraConfig)
+
+
+class RolloutConfig(Strict):
+    """Rollout engines (vLLM or HF transformers) and the episode runners that drive them."""
+
+    backend: Literal["auto", "vllm", "hf"] = Field(
+        "auto", description="auto: vLLM for LoRA runs when importable, HF otherwise (and HF for full fine-tune)."
+    )
+    engines: int = Field(1, ge=1, description="Engine actors.")
+    num_cpus_per_engine: float = Field(1.0, gt=0)
+    num_gpus_per_engine: float = Field(0.0, ge=0)
+    max_model_len: int = Field(4096, ge=128, description="Env VLLM_MAX_MODEL_LEN overrides.")
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    hf_max_batch_size: int = Field(32, ge=1, description="HF: requests gathered into one batched generate.")
+    hf_batch_wait_ms: float = Field(5.0, ge=0, description="HF: how long the first request waits for company.")
+    vllm_gpu_memory_utilization: float = Field(
+        0.1, gt=0, le=1, description="On CPU the fraction of RAM; env VLLM_GPU_MEMORY_UTILIZATION overrides."
+    )
+    vllm_kv_cache_gb: float = Field(1.0, gt=0, description="CPU only: VLLM_CPU_KVCACHE_SPACE.")
+    missing_logprob_floor: float = Field(-20.0, description="Used (and counted) when an engine returns no logprob.")
+    mode: Literal["async", "lockstep"] = Field("async", description="Episodes move on independently, or turn by turn.")
+    max_total_tokens: int = Field(2048, ge=64, description="Per episode: prompt + responses + observations.")
+    max_episode_restarts: int = Field(2, ge=0, description="Restarts of an episode whose engine died.")
+
+
 # --------------------------------------------------------------------------- model, cluster
 
 
@@ -268,4 +315,6 @@ class Config(Strict):
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    finetune: FinetuneConfig = Field(default_factory=FinetuneConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)

@@ -1,0 +1,49 @@
+"""What every rollout engine offers, whatever its backend (vLLM or HF transformers).
+
+`RolloutEngine` implementations are plain classes (Ray actors where they are wired): the episode
+runner only ever calls these methods, so the backends are interchangeable and share one
+conformance test suite.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from configs.schema import SamplingConfig
+
+
+class EngineError(RuntimeError):
+    """A request the engine cannot serve (empty prompt, prompt over the context length, ...)."""
+
+
+@dataclass
+class Generation:
+    """One generation: the engine's own token ids, never retokenized."""
+
+    token_ids: list[int]
+    logprobs: list[float]  # of each chosen token, aligned with token_ids
+    finish_reason: str  # "stop" | "length" | "abort"
+    version: int  # the policy version (adapter or weights) that produced every token
+    missing_logprobs: int = 0  # tokens whose logprob the engine did not return (floored, see rollout config)
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+class RolloutEngine(Protocol):
+    async def start(self) -> None:
+        """Load the model; called once before anything else (in the actor, so the engine lives there)."""
+
+    async def generate(self, prompt_token_ids: list[int], sampling: SamplingConfig) -> Generation: ...
+
+    async def load_adapter(self, version: int, adapter: dict[str, Any]) -> None:
+        """Make LoRA `adapter` (PEFT state dict + its config) the version new requests get.
+        Requests already running finish on the version they started with."""
+
+    async def update_weights(self, version: int, chunks: Any) -> None:
+        """Full fine-tune: replace the weights in place from an iterable of {name: tensor} chunks."""
+
+    def version(self) -> int: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+    async def shutdown(self) -> None: ...
