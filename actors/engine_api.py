@@ -14,7 +14,13 @@ from configs.schema import SamplingConfig
 
 
 class EngineError(RuntimeError):
-    """A request the engine cannot serve (empty prompt, prompt over the context length, ...)."""
+    """A request the engine cannot serve (empty prompt, prompt over the context length, ...): the
+    request's fault; the engine goes on serving others."""
+
+
+class EngineUnavailable(RuntimeError):
+    """The engine cannot serve anything (not started, shut down, its generation loop crashed): the
+    runner moves the episode to another engine. Deliberately not an EngineError."""
 
 
 @dataclass

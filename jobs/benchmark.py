@@ -2,6 +2,7 @@
 
     python -m jobs.benchmark --suite tools [--calls 300] [--out bench_results/tools.json]
     python -m jobs.benchmark --suite env [--calls 300]
+    python -m jobs.benchmark --suite rollout [--calls 300]
 
 Suite `tools`: one cheap tool (polygon.previous_close, offline) called through three doors —
 the in-process FastMCP client, a Serve handle, and MCP over HTTP through Serve's proxy — and a
@@ -11,6 +12,13 @@ compare the columns of one run, not runs of different days.
 Suite `env`: MCPToolEnv's own cost per step. `astep` on a typical one-call Hermes turn against an
 instant in-process tool (a client that returns a canned result at once) vs that tool called alone;
 the difference is the env's overhead per step (parsing, reward, observation, metadata).
+
+Suite `rollout`: EpisodeRunner episodes per second, `async` vs `lockstep`, same tasks (rule
+templates), same engine, every tool call delayed by 100 ms ± 50 ms (uniform, seeded) on top of the
+in-process pool. The engine is a scripted stand-in that answers each turn with the task's expert
+call after a fixed generation time: a model engine would make random or untrained calls that
+mostly never reach a tool, which would hide the tool latency this suite is about. Measured once
+with every episode at once and once with at most 16 episodes in flight.
 """
 
 from __future__ import annotations
@@ -260,7 +268,158 @@ def print_env(report: dict[str, Any], console: Console) -> None:
     console.print(f"env overhead per step: {report['env_overhead_ms']:.4f} ms (goal: < 0.2 ms)")
 
 
-SUITES = {"tools": (suite_tools, print_tools), "env": (suite_env, print_env)}
+# --------------------------------------------------------------------------- rollout suite
+
+ROLLOUT_TASKS = 16
+ROLLOUT_GROUP = 4
+ROLLOUT_GEN_S = 0.02  # the stand-in engine's time per generation
+ROLLOUT_TOOL_S = (0.05, 0.15)  # 100 ms ± 50 ms
+
+
+class LatentClient:
+    """A ToolClient that delays each call by a seeded uniform latency, then asks the real pool."""
+
+    def __init__(self, pool: Any, low_s: float, high_s: float, seed: int = 0) -> None:
+        import random
+
+        self.pool, self.low_s, self.high_s = pool, low_s, high_s
+        self.rng = random.Random(seed)
+
+    async def call_tool(self, server: str, tool: str, arguments: dict[str, Any] | None = None) -> Any:
+        await asyncio.sleep(self.rng.uniform(self.low_s, self.high_s))
+        return await self.pool.call_tool(server, tool, arguments)
+
+    async def list_tools(self) -> dict[str, list[dict[str, Any]]]:
+        return await self.pool.list_tools()
+
+
+class ExpertEngine:
+    """A RolloutEngine stand-in: turn k of a task's episode gets the task's k-th expert action."""
+
+    def __init__(self, tokenizer: Any, rows: list[dict[str, Any]], gen_s: float) -> None:
+        self.tok, self.gen_s = tokenizer, gen_s
+        self.scripts: list[tuple[str, list[str]]] = []
+        for row in rows:
+            gt = row["reward_spec"]["ground_truth"]
+            calls = []
+            for step in gt["tool_sequence"]:
+                call = {"name": f"{step['server']}.{step['tool']}", "arguments": step["params"]}
+                calls.append(f"<tool_call>{json.dumps(call)}</tool_call>")
+            answer = (gt.get("final_answer") or {}).get("value", "")
+            self.scripts.append((row["prompt"][-1]["content"], [*calls, f"<answer>{answer}</answer>"]))
+
+    async def generate(self, prompt_token_ids: list[int], sampling: Any) -> Any:
+        from actors.engine_api import Generation
+
+        text = self.tok.decode(prompt_token_ids, skip_special_tokens=False)
+        turn = text.count("<|im_start|>assistant") - 1
+        script = next(actions for user, actions in self.scripts if user in text)
+        await asyncio.sleep(self.gen_s)
+        ids = self.tok.encode(script[min(turn, len(script) - 1)], add_special_tokens=False)[: sampling.max_new_tokens]
+        return Generation(token_ids=ids, logprobs=[-1.0] * len(ids), finish_reason="stop", version=0)
+
+    def version(self) -> int:
+        return 0
+
+    def stats(self) -> dict[str, Any]:
+        return {}
+
+
+def _rule_rows(n: int) -> list[dict[str, Any]]:
+    import subprocess
+    import sys
+    import tempfile
+
+    from tasks.io import read_rows
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "rule.jsonl"
+        cmd = [sys.executable, "-m", "jobs.generate_tasks", "--method", "rule", "--n", str(n), "--seed", "0"]
+        subprocess.run([*cmd, "--out", str(out)], check=True, capture_output=True, timeout=600)
+        return read_rows(out)
+
+
+async def bench_rollout(cfg: Config, rows: list[dict[str, Any]], cap: int | None) -> dict[str, dict[str, float]]:
+    from actors.episode_runner import EpisodeRunner
+    from actors.models import load_tokenizer
+    from envs.tool_client import set_tool_client
+    from serve_apps.tool_pool import LocalToolPool
+
+    tokenizer = load_tokenizer(cfg.model)
+    pool = await LocalToolPool.create(cfg.tools)
+    out: dict[str, dict[str, float]] = {}
+    try:
+        warm = EpisodeRunner(cfg, [ExpertEngine(tokenizer, rows, 0.0)], tokenizer, progress=False)
+        set_tool_client(pool)
+        await warm.run(rows, 1)  # first calls of each tool and template warm caches: not either mode's cost
+        for mode in ("async", "lockstep"):
+            set_tool_client(LatentClient(pool, *ROLLOUT_TOOL_S))  # same seed: same latencies per mode
+            run_cfg = cfg.model_copy(
+                update={"rollout": cfg.rollout.model_copy(update={"mode": mode, "max_total_tokens": 32768})}
+            )
+            engine = ExpertEngine(tokenizer, rows, ROLLOUT_GEN_S)
+            runner = EpisodeRunner(run_cfg, [engine], tokenizer, max_concurrent_episodes=cap, progress=False)
+            t = time.perf_counter()
+            trajs = await runner.run(rows, ROLLOUT_GROUP)
+            wall = time.perf_counter() - t
+            bad = [tr for tr in trajs if tr.infra_fault or tr.finish_reason != "done"]
+            if bad:
+                raise RuntimeError(
+                    f"rollout benchmark: {len(bad)} episodes did not finish cleanly: {bad[0].finish_reason}"
+                )
+            out[mode] = {
+                "episodes": len(trajs),
+                "wall_s": wall,
+                "episodes_per_s": len(trajs) / wall,
+                "turns_mean": statistics.fmean(tr.turns for tr in trajs),
+            }
+    finally:
+        set_tool_client(None)
+        await pool.close()
+    return out
+
+
+def suite_rollout(cfg: Config, calls: int, console: Console) -> dict[str, Any]:
+    with console.status(f"rollout: generating {ROLLOUT_TASKS} rule tasks"):
+        rows = _rule_rows(ROLLOUT_TASKS)
+    report: dict[str, Any] = {
+        "engine": f"scripted expert calls, {ROLLOUT_GEN_S * 1e3:.0f} ms per generation",
+        "tool_latency_ms": [x * 1e3 for x in ROLLOUT_TOOL_S],
+        "tasks": len(rows),
+        "group_size": ROLLOUT_GROUP,
+        "runs": {},
+    }
+    for label, cap in (("all at once", None), ("16 in flight", 16)):
+        with console.status(f"rollout: async vs lockstep, {label}"):
+            r = asyncio.run(bench_rollout(cfg, rows, cap))
+        r["ratio"] = {"async_over_lockstep": r["async"]["episodes_per_s"] / r["lockstep"]["episodes_per_s"]}
+        report["runs"][label] = r
+    return report
+
+
+def print_rollout(report: dict[str, Any], console: Console) -> None:
+    table = Table(
+        title=f"EpisodeRunner, {report['tasks']} tasks x {report['group_size']}, tool latency "
+        f"{report['tool_latency_ms'][0]:.0f}-{report['tool_latency_ms'][1]:.0f} ms, {report['engine']}"
+    )
+    for col in ("episodes in flight", "async eps/s", "lockstep eps/s", "async / lockstep"):
+        table.add_column(col, justify="right" if "flight" not in col else "left")
+    for label, r in report["runs"].items():
+        table.add_row(
+            label,
+            f"{r['async']['episodes_per_s']:.2f}",
+            f"{r['lockstep']['episodes_per_s']:.2f}",
+            f"{r['ratio']['async_over_lockstep']:.2f}x",
+        )
+    console.print(table)
+    console.print("goal: async >= 1.5x lockstep")
+
+
+SUITES = {
+    "tools": (suite_tools, print_tools),
+    "env": (suite_env, print_env),
+    "rollout": (suite_rollout, print_rollout),
+}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,40 @@
+"""Pick the rollout engine backend from the config."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+
+from actors.engine_api import RolloutEngine
+from configs.schema import Config
+
+log = logging.getLogger(__name__)
+
+
+def vllm_available() -> bool:
+    """Whether `import vllm` can work here (looked up, not imported: importing it takes seconds)."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+def choose_backend(cfg: Config) -> str:
+    """The backend, "vllm" or "hf". auto: vLLM for LoRA runs when it is installed; HF otherwise, and HF for a full
+    fine-tune (vLLM's weight reload goes through tmpfs files; HF copies in place)."""
+    backend = cfg.rollout.backend
+    if backend != "auto":
+        return backend
+    if cfg.finetune.mode == "lora" and vllm_available():
+        return "vllm"
+    return "hf"
+
+
+def make_engine(cfg: Config) -> RolloutEngine:
+    """A rollout engine for `cfg` (not started: call `await engine.start()`)."""
+    backend = choose_backend(cfg)
+    log.info("rollout backend: %s (configured %s)", backend, cfg.rollout.backend)
+    if backend == "vllm":
+        from actors.vllm_engine import VLLMEngine
+
+        return VLLMEngine(cfg)
+    from actors.hf_engine import HFEngine
+
+    return HFEngine(cfg)

@@ -1,0 +1,461 @@
+"""EpisodeRunner: plays many multi-turn MCPToolEnv episodes concurrently against rollout engines.
+
+One episode: `env.ainit` → prompt ids from the chat template → generate → decode → `env.astep`
+→ observation ids → generate … until the env says done, `max_turns`, or `max_total_tokens`.
+
+Token exactness (see actors/trajectory.py for the layout):
+- Generated ids are the engine's, never retokenized; the env reads their decoded text.
+- After a turn the sequence must end right after the assistant's end-of-turn token (the template's
+  token closing an assistant message; `<|im_end|>` for ChatML). An engine that stopped on EOS has
+  generated it (it stays a trained token, mask 1). One that stopped on a stop string
+  (`</tool_call>`, kept in the output) or on the length limit has not: the runner appends the
+  template's end-of-turn ids, mask 0.
+- Observation ids are the chat template's delta: render the conversation up to and with the
+  assistant message (the rendering cut right after its end-of-turn token), render it again with
+  the observations and the generation prompt; the delta is the ids of the longer text past the
+  shorter one. When the end-of-turn is a single special token (ChatML's `<|im_end|>`), tokenizers
+  split there before anything else, so the delta text is tokenized alone (cheap: the tests check
+  it against the whole conversation's ids). Otherwise both texts are tokenized and the longer's
+  ids kept past the shorter's; if those are not a prefix (a token straddles the cut) the delta
+  text is tokenized alone (counted in stats as `delta_fallbacks`). The assistant content rendered
+  here is the decoded text, which may retokenize differently from the engine's ids; it only
+  matters up to the cut, which is dropped.
+
+Routing: an episode sticks to one engine for its life, chosen least-loaded (fewest live episodes)
+among engines not marked dead. `EngineError` is the request's fault (prompt too long, ...): the
+episode ends as `engine_failed`, infra-flagged, and the engine stays in service. Any other
+exception from `generate` means the engine died: it is marked dead for this runner's life and each
+of its episodes restarts from scratch (a fresh env) on another engine, up to
+`rollout.max_episode_restarts` times; then (or with no engine left) the episode comes back as
+infra_fault / `engine_failed`. Every episode comes back exactly once, in input order.
+
+Modes (`rollout.mode`): `async` — each episode moves on as soon as its own generation and tools
+return; `lockstep` — episodes go in waves (all of them, or `max_concurrent_episodes` at a time)
+and every episode of a wave takes turn k before any takes turn k+1 (a barrier before each turn).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from actors.engine_api import EngineError, Generation
+from actors.trajectory import Trajectory
+from configs.schema import Config, SamplingConfig
+from envs.mcp_tool_env import MCPToolEnv
+
+log = logging.getLogger(__name__)
+
+_MARK = "\x00MCPRL-ASSISTANT-CONTENT\x00"  # placeholder used once to find the template's turn suffix
+
+
+class EngineDied(RuntimeError):
+    """Raised inside the runner when an episode's engine failed fatally; triggers a restart."""
+
+
+# --------------------------------------------------------------------------- chat template
+
+
+class ChatTemplate:
+    """The tokenizer's chat template as the runner needs it: prompt ids, end-of-turn ids, deltas."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tok = tokenizer
+        probe = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _MARK}]
+        rendered = self.render(probe, add_generation_prompt=False)
+        suffix = rendered[rendered.index(_MARK) + len(_MARK) :]
+        eos = tokenizer.eos_token or ""
+        # The end-of-turn text: the template's suffix after the content up to and including EOS
+        # ("<|im_end|>"); what follows it ("\n") belongs to the observation delta.
+        cut = suffix.find(eos) + len(eos) if eos and eos in suffix else len(suffix)
+        self.eot_text = suffix[:cut]
+        self.after_eot_text = suffix[cut:]
+        self.eot_ids: list[int] = self.encode(self.eot_text)
+        self.eos_ids: set[int] = set()
+        for ids in (tokenizer.eos_token_id, *self.eot_ids[-1:]):
+            if isinstance(ids, int):
+                self.eos_ids.add(ids)
+        self.delta_fallbacks = 0
+        # Tokenizers split text at special tokens before anything else: when the end-of-turn is one,
+        # the ids after it depend only on the text after it, so the delta text can be tokenized
+        # alone (no re-tokenizing the whole conversation every turn).
+        special = set(getattr(tokenizer, "all_special_ids", []) or [])
+        self.eot_is_special = len(self.eot_ids) == 1 and self.eot_ids[0] in special
+
+    def render(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool) -> str:
+        return self.tok.apply_chat_template(list(messages), add_generation_prompt=add_generation_prompt, tokenize=False)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tok.encode(text, add_special_tokens=False))
+
+    def prompt_ids(self, messages: Sequence[dict[str, Any]]) -> list[int]:
+        out = self.tok.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
+        # transformers 5 returns a BatchEncoding here; older versions a plain list.
+        ids = out["input_ids"] if not isinstance(out, list) else out
+        return [int(i) for i in ids]
+
+    def ends_turn(self, ids: Sequence[int]) -> bool:
+        """Whether generated ids already close the assistant turn (the engine stopped on EOS)."""
+        n = len(self.eot_ids)
+        return bool(ids) and (ids[-1] in self.eos_ids or (n > 0 and list(ids[-n:]) == self.eot_ids))
+
+    def observation_delta(self, before: Sequence[dict[str, Any]], observations: Sequence[dict[str, Any]]) -> list[int]:
+        """Ids after the last assistant message's end-of-turn token, through the next generation prompt.
+
+        `before` ends with that assistant message.
+        """
+        base = self.render(before, add_generation_prompt=False)
+        if self.after_eot_text and base.endswith(self.after_eot_text):
+            base = base[: len(base) - len(self.after_eot_text)]
+        full = self.render([*before, *observations], add_generation_prompt=True)
+        if not full.startswith(base):
+            raise ValueError("chat template is not prefix-stable: the conversation renders differently once extended")
+        if self.eot_is_special and base.endswith(self.eot_text):
+            return self.encode(full[len(base) :])
+        base_ids, full_ids = self.encode(base), self.encode(full)
+        if full_ids[: len(base_ids)] == base_ids:
+            return full_ids[len(base_ids) :]
+        self.delta_fallbacks += 1  # a token straddles the cut: tokenize the delta text alone
+        return self.encode(full[len(base) :])
+
+
+# --------------------------------------------------------------------------- bookkeeping
+
+
+@dataclass
+class _Episode:
+    task: dict[str, Any]
+    group_id: int
+    sample_index: int
+    task_id: str
+    restarts: int = 0
+    engine: int = -1
+    result: Trajectory | None = None
+
+
+@dataclass
+class _Stats:
+    total: int = 0
+    done: int = 0
+    running: int = 0
+    failed: int = 0
+    restarts: int = 0
+    generated_tokens: int = 0
+    started_at: float = 0.0
+    finished_at: float | None = None
+    by_finish: dict[str, int] = field(default_factory=dict)
+
+
+class _Barrier:
+    """Lockstep: every live episode of a wave arrives before any of them proceeds; finishers leave."""
+
+    def __init__(self, parties: int) -> None:
+        self.parties = parties
+        self.arrived = 0
+        self.event = asyncio.Event()
+
+    async def wait(self) -> None:
+        self.arrived += 1
+        event = self.event
+        if self.arrived >= self.parties:
+            self._release()
+        else:
+            await event.wait()
+
+    def leave(self) -> None:
+        self.parties -= 1
+        if self.arrived and self.arrived >= self.parties:
+            self._release()
+
+    def _release(self) -> None:
+        event, self.event, self.arrived = self.event, asyncio.Event(), 0
+        event.set()
+
+
+class _NoBarrier:
+    async def wait(self) -> None:
+        return None
+
+    def leave(self) -> None:
+        return None
+
+
+# --------------------------------------------------------------------------- the runner
+
+
+class EpisodeRunner:
+    """Plays episodes of `tasks` (SkyRL rows) on `engines` (RolloutEngine-likes, already started)."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        engines: Sequence[Any],
+        tokenizer: Any,
+        *,
+        max_concurrent_episodes: int | None = None,
+        progress: bool | None = None,
+    ) -> None:
+        if not engines:
+            raise ValueError("EpisodeRunner needs at least one engine")
+        self.cfg = cfg
+        self.engines = list(engines)
+        self.template = ChatTemplate(tokenizer)
+        self.tokenizer = tokenizer
+        self.max_concurrent = max_concurrent_episodes
+        self.progress = sys.stderr.isatty() if progress is None else progress
+        self.load = [0] * len(self.engines)  # live episodes per engine
+        self.dead: set[int] = set()
+        self._stats = _Stats()
+
+    # ------------------------------------------------------------------ public
+
+    async def run(self, tasks: Sequence[dict[str, Any]], group_size: int) -> list[Trajectory]:
+        """`group_size` episodes of each task; trajectories in input order (task-major)."""
+        if group_size < 1:
+            raise ValueError("group_size must be >= 1")
+        episodes = [
+            _Episode(task=dict(task), group_id=g, sample_index=s, task_id=_task_id(task, g))
+            for g, task in enumerate(tasks)
+            for s in range(group_size)
+        ]
+        self._stats = _Stats(total=len(episodes), started_at=time.perf_counter())
+        with self._progress_bar() as tick:
+            if self.cfg.rollout.mode == "lockstep":
+                size = self.max_concurrent or len(episodes) or 1
+                for start in range(0, len(episodes), size):
+                    wave = episodes[start : start + size]
+                    barrier = _Barrier(len(wave))
+                    await asyncio.gather(*(self._play(e, barrier, tick) for e in wave))
+            else:
+                limit = asyncio.Semaphore(self.max_concurrent or max(1, len(episodes)))
+
+                async def bounded(e: _Episode) -> None:
+                    async with limit:
+                        await self._play(e, _NoBarrier(), tick)
+
+                await asyncio.gather(*(bounded(e) for e in episodes))
+        self._stats.finished_at = time.perf_counter()
+        out = [e.result for e in episodes]
+        assert all(t is not None for t in out)  # _play always sets a result
+        return [t for t in out if t is not None]
+
+    def stats(self) -> dict[str, Any]:
+        s = self._stats
+        end = s.finished_at if s.finished_at is not None else time.perf_counter()
+        elapsed = max(end - s.started_at, 1e-9) if s.started_at else 0.0
+        return {
+            "episodes": s.total,
+            "done": s.done,
+            "running": s.running,
+            "failed": s.failed,
+            "restarts": s.restarts,
+            "generated_tokens": s.generated_tokens,
+            "tokens_per_s": s.generated_tokens / elapsed if elapsed else 0.0,
+            "episodes_per_s": s.done / elapsed if elapsed else 0.0,
+            "elapsed_s": elapsed,
+            "finish_reasons": dict(s.by_finish),
+            "engine_load": list(self.load),
+            "dead_engines": sorted(self.dead),
+            "delta_fallbacks": self.template.delta_fallbacks,
+        }
+
+    # ------------------------------------------------------------------ episodes
+
+    async def _play(self, ep: _Episode, barrier: _Barrier | _NoBarrier, tick: Any) -> None:
+        """Play `ep` to a result, restarting on another engine when its engine dies."""
+        self._stats.running += 1
+        try:
+            while True:
+                engine = self._pick_engine()
+                if engine is None:
+                    ep.result = self._failed(ep, ep.result, "no live engine left")
+                    return
+                ep.engine = engine
+                self.load[engine] += 1
+                try:
+                    ep.result = await self._attempt(ep, engine, barrier)
+                    return
+                except EngineDied as e:
+                    self.dead.add(engine)
+                    partial = e.args[1] if len(e.args) > 1 else None
+                    if ep.restarts >= self.cfg.rollout.max_episode_restarts:
+                        ep.result = self._failed(ep, partial, f"engine {engine} died; restarts exhausted")
+                        return
+                    ep.restarts += 1
+                    self._stats.restarts += 1
+                    log.warning("engine %d died (%s); restarting %s#%d", engine, e.args[0], ep.task_id, ep.sample_index)
+                finally:
+                    self.load[engine] -= 1
+        finally:
+            barrier.leave()
+            self._stats.running -= 1
+            traj = ep.result
+            if traj is not None:
+                traj.restarts = ep.restarts
+                self._stats.done += 1
+                self._stats.failed += traj.infra_fault
+                self._stats.by_finish[traj.finish_reason] = self._stats.by_finish.get(traj.finish_reason, 0) + 1
+            tick()
+
+    def _pick_engine(self) -> int | None:
+        alive = [i for i in range(len(self.engines)) if i not in self.dead]
+        return min(alive, key=lambda i: (self.load[i], i)) if alive else None
+
+    def _failed(self, ep: _Episode, partial: Trajectory | None, why: str) -> Trajectory:
+        traj = partial or Trajectory(task_id=ep.task_id, group_id=ep.group_id, sample_index=ep.sample_index)
+        traj.infra_fault = True
+        traj.finish_reason = "engine_failed"
+        traj.env_metadata = traj.env_metadata[: traj.turns]
+        log.warning("episode %s#%d failed: %s", ep.task_id, ep.sample_index, why)
+        return traj
+
+    async def _attempt(self, ep: _Episode, engine_index: int, barrier: _Barrier | _NoBarrier) -> Trajectory:
+        """One attempt of an episode on one engine. Raises EngineDied (with the partial trajectory)."""
+        cfg = self.cfg
+        budget = cfg.rollout.max_total_tokens
+        engine = self.engines[engine_index]
+        t0 = time.perf_counter()
+        gen_s = env_s = wait_s = 0.0
+        env = MCPToolEnv({"env": cfg.env, "reward": cfg.reward}, extras=ep.task)
+        messages, _ = await env.ainit(None)
+        traj = Trajectory(task_id=ep.task_id, group_id=ep.group_id, sample_index=ep.sample_index, engine=engine_index)
+        traj.messages = [dict(m) for m in messages]
+        traj.prompt_ids = self.template.prompt_ids(messages)
+        tmpl = self.template
+        try:
+            while True:
+                used = len(traj.prompt_ids) + len(traj.response_ids)
+                # Room for at least one token plus closing the turn, or the turn cannot be rendered whole.
+                room = budget - used - len(tmpl.eot_ids)
+                if room < 1:
+                    traj.finish_reason = "token_budget"
+                    break
+                t = time.perf_counter()
+                await barrier.wait()
+                wait_s += time.perf_counter() - t
+                sampling = _capped(cfg.rollout.sampling, room)
+                t = time.perf_counter()
+                try:
+                    gen: Generation = await engine.generate(traj.prompt_ids + traj.response_ids, sampling)
+                except EngineError as e:  # this request's fault, not the engine's: no restart
+                    log.warning("engine %d refused a request of %s: %s", engine_index, ep.task_id, e)
+                    traj.infra_fault = True
+                    traj.finish_reason = "engine_failed"
+                    break
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:
+                    raise EngineDied(f"{type(e).__name__}: {e}", traj) from e
+                gen_s += time.perf_counter() - t
+                ids = [int(i) for i in gen.token_ids][:room]
+                logprobs, missing = self._logprobs(gen, len(ids))
+                traj.missing_logprobs += missing
+                self._stats.generated_tokens += len(ids)
+                traj.response_ids += ids
+                traj.loss_mask += [1] * len(ids)
+                traj.rollout_logprobs += logprobs
+                appended = not tmpl.ends_turn(ids)
+                if appended:  # stop string or length: close the turn as the template would
+                    traj.response_ids += tmpl.eot_ids
+                    traj.loss_mask += [0] * len(tmpl.eot_ids)
+                    traj.rollout_logprobs += [0.0] * len(tmpl.eot_ids)
+                text = self.tokenizer.decode(ids, skip_special_tokens=True)
+                traj.messages.append({"role": "assistant", "content": text})
+
+                t = time.perf_counter()
+                out = await env.astep(text)
+                env_s += time.perf_counter() - t
+                meta = dict(out.get("metadata") or {})
+                traj.turn_rewards.append(float(out["reward"]))
+                traj.versions.append(int(gen.version))
+                traj.turn_finish.append(gen.finish_reason)
+                traj.appended_eot.append(appended)
+                traj.env_metadata.append(meta)
+                traj.infra_fault = traj.infra_fault or bool(meta.get("infra_fault"))
+                if out["done"]:
+                    traj.finish_reason = "max_turns" if meta.get("done_reason") == "max_turns" else "done"
+                    break
+                observations = [dict(m) for m in out["observations"]]
+                delta = tmpl.observation_delta(traj.messages, observations)
+                if len(traj.prompt_ids) + len(traj.response_ids) + len(delta) > budget:
+                    traj.finish_reason = "token_budget"  # the observation does not fit: end before it
+                    break
+                traj.messages += observations
+                traj.response_ids += delta
+                traj.loss_mask += [0] * len(delta)
+                traj.rollout_logprobs += [0.0] * len(delta)
+        finally:
+            traj.reward = math.fsum(traj.turn_rewards)
+            traj.tool_stats = env.get_metrics()
+            traj.timings = {
+                "generate_s": gen_s,
+                "env_s": env_s,
+                "wait_s": wait_s,
+                "total_s": time.perf_counter() - t0,
+            }
+        return traj
+
+    def _logprobs(self, gen: Generation, n: int) -> tuple[list[float], int]:
+        """The engine's logprobs for n ids; absent or non-finite ones floored (and counted)."""
+        floor = self.cfg.rollout.missing_logprob_floor
+        raw = list(gen.logprobs)[:n]
+        out: list[float] = []
+        fixed = 0
+        for i in range(n):
+            value = raw[i] if i < len(raw) else None
+            if value is None or not math.isfinite(float(value)):
+                out.append(floor)
+                fixed += 1
+            else:
+                out.append(min(float(value), 0.0))
+        return out, max(fixed, int(gen.missing_logprobs or 0))
+
+    # ------------------------------------------------------------------ progress
+
+    @contextlib.contextmanager
+    def _progress_bar(self) -> Iterator[Any]:
+        if not self.progress:
+            yield lambda: None
+            return
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        with Progress(
+            TextColumn("episodes"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(),
+            transient=True,
+        ) as bar:
+            task = bar.add_task("episodes", total=self._stats.total, info="")
+
+            def tick() -> None:
+                s = self.stats()
+                info = f"running {s['running']} failed {s['failed']} restarts {s['restarts']} "
+                info += f"{s['tokens_per_s']:.0f} tok/s"
+                bar.update(task, completed=s["done"], info=info)
+
+            yield tick
+
+
+def _capped(sampling: SamplingConfig, room: int) -> SamplingConfig:
+    if sampling.max_new_tokens <= room:
+        return sampling
+    return sampling.model_copy(update={"max_new_tokens": room})
+
+
+def _task_id(task: dict[str, Any], index: int) -> str:
+    spec = task.get("reward_spec") or {}
+    gt = spec.get("ground_truth") if isinstance(spec, dict) else None
+    tid = gt.get("task_id") if isinstance(gt, dict) else None
+    return str(tid or task.get("task_id") or f"task-{index}")
+
+
+__all__ = ["ChatTemplate", "EngineDied", "EpisodeRunner"]

@@ -1,0 +1,434 @@
+"""The HF transformers rollout engine: our own batched decoding loop, LoRA versions as PEFT adapters.
+
+Why not `model.generate`: the chosen token's logprob must come from the very forward pass that
+sampled it, and requests with different sampling knobs must share one batch.
+
+- Dynamic micro-batching: concurrent `generate` calls wait up to `hf_batch_wait_ms` for company
+  and run together (at most `hf_max_batch_size`), left-padded, with a KV cache. A batch runs until
+  all of its requests finish; requests arriving meanwhile form the next batch.
+- Logprobs: `log_softmax` of the raw logits (before temperature, top-p and repetition penalty),
+  in float32: what the learner computes for the same tokens.
+- Sampling knobs per row: temperature (0 = greedy), top-p, repetition penalty (HF's rule), and a
+  per-request `torch.Generator` when a seed is given (same seed and prompt -> same tokens when the
+  batch composition is the same).
+- Stop strings are looked for in the decoded text of the new tokens; the token that completes one
+  is kept, so the stop string stays in the output. EOS ends a request too (and is kept).
+- LoRA: version v is the PEFT adapter `v<v>` (version 0 = the base model). A request pins the
+  version that was current when it arrived; a batch holds one version, passed to PEFT per forward
+  as `adapter_names`, so loading a new adapter between two decode steps never changes a running
+  request. An old adapter is deleted once no request pins it.
+- Full weights (`update_weights`): waits for the running batch to finish (so every token of a
+  request comes from one version), then copies chunk by chunk into the parameters in place.
+
+The model runs in a worker thread (the event loop stays free); a threading lock makes each decode
+step and each adapter change atomic with respect to one another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import inspect
+import logging
+import threading
+import time
+from collections.abc import AsyncIterable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from actors.engine_api import EngineError, EngineUnavailable, Generation
+from configs.schema import Config, SamplingConfig
+
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger(__name__)
+
+_BASE = "__base__"  # PEFT's name for "no adapter" in a mixed `adapter_names` forward
+
+
+def adapter_name(version: int) -> str:
+    return f"v{version}"
+
+
+@dataclass
+class _Request:
+    prompt: list[int]
+    sampling: SamplingConfig
+    version: int
+    future: asyncio.Future[Generation]
+    arrived: float = field(default_factory=time.monotonic)
+
+
+class HFEngine:
+    """`RolloutEngine` on transformers (+PEFT), CPU or CUDA."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self._rollout = cfg.rollout
+        self._model: Any = None  # the PeftModel once an adapter is loaded, else the HF model
+        self._tokenizer: Any = None
+        self._device: torch.device | None = None
+        self._eos: set[int] = set()
+        self._pad_id = 0
+        self._version = 0
+        self._pinned: collections.Counter[int] = collections.Counter()  # version -> live requests
+        self._adapters: set[int] = set()  # versions loaded as PEFT adapters
+        self._pending: list[_Request] = []
+        self._work: asyncio.Event | None = None
+        self._batch_turn: asyncio.Lock | None = None  # held by a running batch; update_weights waits on it
+        self._model_lock = threading.Lock()  # one decode step or one adapter change at a time
+        self._scheduler: asyncio.Task[None] | None = None
+        self._closed = False
+        self._stats: collections.Counter[str] = collections.Counter()
+        self.load_s = 0.0
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        import torch
+
+        from actors.models import load_causal_lm, load_tokenizer
+
+        t0 = time.monotonic()
+        self._device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self._tokenizer = await asyncio.to_thread(load_tokenizer, self.cfg.model)
+        self._model = await asyncio.to_thread(load_causal_lm, self.cfg.model, self._device)
+        self._model.requires_grad_(False)
+        eos = self._model.generation_config.eos_token_id
+        self._eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        if self._tokenizer.eos_token_id is not None:
+            self._eos.add(self._tokenizer.eos_token_id)
+        pad = self._tokenizer.pad_token_id
+        self._pad_id = pad if pad is not None else min(self._eos, default=0)
+        self._work = asyncio.Event()
+        self._batch_turn = asyncio.Lock()
+        self._scheduler = asyncio.create_task(self._schedule(), name="hf-engine-scheduler")
+        self.load_s = time.monotonic() - t0
+        log.info("HF engine: %s on %s in %.1f s", self.cfg.model.name, self._device, self.load_s)
+
+    async def shutdown(self) -> None:
+        self._closed = True
+        if self._scheduler is not None:
+            self._scheduler.cancel()
+            try:
+                await self._scheduler
+            except asyncio.CancelledError:
+                pass
+        for req in self._pending:
+            if not req.future.done():
+                req.future.set_exception(EngineUnavailable("engine shut down"))
+        self._pending.clear()
+        self._model = None
+
+    # ------------------------------------------------------------------ requests
+
+    async def generate(self, prompt_token_ids: list[int], sampling: SamplingConfig) -> Generation:
+        if self._work is None or self._closed:
+            raise EngineUnavailable("engine is not started (or shut down)")
+        self._validate(prompt_token_ids, sampling)
+        req = _Request(list(prompt_token_ids), sampling, self._version, asyncio.get_running_loop().create_future())
+        self._pinned[req.version] += 1
+        self._pending.append(req)
+        self._work.set()
+        try:
+            return await req.future
+        finally:
+            self._pinned[req.version] -= 1
+            await self._collect_adapters()
+
+    def _validate(self, prompt: list[int], sampling: SamplingConfig) -> None:
+        if not prompt:
+            raise EngineError("empty prompt: at least one prompt token is needed")
+        limit = self._rollout.max_model_len
+        if len(prompt) + sampling.max_new_tokens > limit:
+            raise EngineError(
+                f"prompt of {len(prompt)} tokens + max_new_tokens {sampling.max_new_tokens} exceeds "
+                f"max_model_len {limit}"
+            )
+        vocab = self._model.get_input_embeddings().num_embeddings
+        if min(prompt) < 0 or max(prompt) >= vocab:
+            raise EngineError(f"prompt token ids must lie in [0, {vocab})")
+
+    async def _schedule(self) -> None:
+        assert self._work is not None and self._batch_turn is not None
+        while True:
+            await self._work.wait()
+            if len(self._pending) < self._rollout.hf_max_batch_size and self._rollout.hf_batch_wait_ms > 0:
+                await asyncio.sleep(self._rollout.hf_batch_wait_ms / 1000)  # let company arrive
+            async with self._batch_turn:
+                self._pending = [r for r in self._pending if not r.future.done()]  # cancelled callers
+                if not self._pending:
+                    self._work.clear()
+                    continue
+                version = self._pending[0].version  # oldest first; a batch holds one version
+                batch = [r for r in self._pending if r.version == version][: self._rollout.hf_max_batch_size]
+                chosen = {id(r) for r in batch}
+                self._pending = [r for r in self._pending if id(r) not in chosen]
+                if not self._pending:
+                    self._work.clear()
+                try:
+                    results = await asyncio.to_thread(self._decode, batch)
+                except Exception as e:  # a failed batch fails its requests, not the engine
+                    log.exception("HF engine: batch of %d failed", len(batch))
+                    for r in batch:
+                        if not r.future.done():
+                            r.future.set_exception(EngineUnavailable(f"generation failed: {e!r}"))
+                    continue
+                for r, gen in zip(batch, results, strict=True):
+                    if not r.future.done():
+                        r.future.set_result(gen)
+
+    # ------------------------------------------------------------------ the decoding loop
+
+    def _decode(self, batch: list[_Request]) -> list[Generation]:
+        import torch
+
+        t0 = time.monotonic()
+        dev = self._device
+        n = len(batch)
+        width = max(len(r.prompt) for r in batch)
+        ids = torch.full((n, width), self._pad_id, dtype=torch.long)
+        mask = torch.zeros((n, width), dtype=torch.long)
+        for i, r in enumerate(batch):
+            ids[i, width - len(r.prompt) :] = torch.tensor(r.prompt)
+            mask[i, width - len(r.prompt) :] = 1
+        ids, mask = ids.to(dev), mask.to(dev)
+        # Explicit positions: with left padding each row's first real token is position 0.
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        generators = [self._generator(r.sampling.seed) for r in batch]
+        stops = [r.sampling.stop for r in batch]
+        stop_window = [max((len(s) for s in st), default=0) + 2 for st in stops]  # tokens are >= 1 char
+        out_ids: list[list[int]] = [[] for _ in batch]
+        out_lp: list[list[float]] = [[] for _ in batch]
+        finish: list[str | None] = [None] * n
+        seen = [set(r.prompt) for r in batch]  # for the repetition penalty
+        extra: dict[str, Any] = {}
+        if self._adapters or self._is_peft():
+            extra["adapter_names"] = [
+                adapter_name(batch[0].version) if batch[0].version in self._adapters else _BASE
+            ] * n
+        cache = None
+        step_input = ids
+        first_token_s = 0.0
+        while True:
+            with self._model_lock, torch.inference_mode():
+                out = self._model(
+                    input_ids=step_input,
+                    attention_mask=mask,
+                    position_ids=positions,
+                    past_key_values=cache,
+                    use_cache=True,
+                    logits_to_keep=1,
+                    **extra,
+                )
+            cache = out.past_key_values
+            logits = out.logits[:, -1, :].float()
+            logprobs = torch.log_softmax(logits, dim=-1)  # before any sampling transform: the learner's view
+            next_ids = torch.full((n,), self._pad_id, dtype=torch.long)
+            for i, r in enumerate(batch):
+                if finish[i] is not None:
+                    continue
+                if r.future.done():  # the caller went away
+                    finish[i] = "abort"
+                    continue
+                tok = self._sample(logits[i], r.sampling, seen[i], generators[i])
+                next_ids[i] = tok
+                out_ids[i].append(tok)
+                out_lp[i].append(float(logprobs[i, tok]))
+                seen[i].add(tok)
+                if tok in self._eos:
+                    finish[i] = "stop"
+                elif stops[i] and self._hit_stop(out_ids[i][-stop_window[i] :], stops[i]):
+                    finish[i] = "stop"
+                elif len(out_ids[i]) >= r.sampling.max_new_tokens:
+                    finish[i] = "length"
+            if not first_token_s:
+                first_token_s = time.monotonic() - t0
+            if all(f is not None for f in finish):
+                break
+            step_input = next_ids.to(dev).unsqueeze(1)
+            mask = torch.cat([mask, torch.ones((n, 1), dtype=mask.dtype, device=dev)], dim=1)
+            positions = positions[:, -1:] + 1
+        elapsed = time.monotonic() - t0
+        self._stats["batches"] += 1
+        self._stats["requests"] += n
+        self._stats["tokens"] += sum(len(o) for o in out_ids)
+        return [
+            Generation(
+                token_ids=out_ids[i],
+                logprobs=out_lp[i],
+                finish_reason=finish[i] or "abort",
+                version=r.version,
+                timings={"queue_s": t0 - r.arrived, "first_token_s": first_token_s, "generate_s": elapsed, "batch": n},
+            )
+            for i, r in enumerate(batch)
+        ]
+
+    def _generator(self, seed: int | None) -> torch.Generator | None:
+        import torch
+
+        if seed is None:
+            return None  # torch's global RNG
+        g = torch.Generator(device=self._device)
+        g.manual_seed(seed)
+        return g
+
+    @staticmethod
+    def _sample(logits: torch.Tensor, s: SamplingConfig, seen: set[int], gen: torch.Generator | None) -> int:
+        import torch
+
+        if s.repetition_penalty != 1.0 and seen:
+            idx = torch.tensor(sorted(seen), device=logits.device)
+            picked = logits[idx]
+            logits = logits.clone()
+            logits[idx] = torch.where(picked > 0, picked / s.repetition_penalty, picked * s.repetition_penalty)
+        if s.temperature == 0:
+            return int(torch.argmax(logits))
+        probs = torch.softmax(logits / s.temperature, dim=-1)
+        if s.top_p < 1.0:
+            sorted_p, order = torch.sort(probs, descending=True)
+            keep = (sorted_p.cumsum(0) - sorted_p) < s.top_p  # the nucleus; always keeps the top token
+            sorted_p = sorted_p * keep
+            choice = torch.multinomial(sorted_p / sorted_p.sum(), 1, generator=gen)
+            return int(order[choice])
+        return int(torch.multinomial(probs, 1, generator=gen))
+
+    def _hit_stop(self, tail: list[int], stops: list[str]) -> bool:
+        text = self._tokenizer.decode(tail, skip_special_tokens=False)
+        return any(s and s in text for s in stops)
+
+    def _is_peft(self) -> bool:
+        return hasattr(self._model, "peft_config")
+
+    # ------------------------------------------------------------------ LoRA versions
+
+    async def load_adapter(self, version: int, adapter: dict[str, Any]) -> None:
+        if version <= self._version:
+            raise EngineError(f"adapter version {version} is not newer than the current version {self._version}")
+        await asyncio.to_thread(self._add_adapter, version, adapter)
+        self._adapters.add(version)
+        self._version = version  # new requests get it from now on
+        self._stats["adapters_loaded"] += 1
+        await self._collect_adapters()
+
+    def _add_adapter(self, version: int, adapter: dict[str, Any]) -> None:
+        from peft import PeftConfig, PeftModel, set_peft_model_state_dict
+
+        config = PeftConfig.from_peft_type(**adapter["config"])
+        config.inference_mode = True
+        name = adapter_name(version)
+        with self._model_lock:
+            if not self._is_peft():
+                self._model = PeftModel(self._model, config, adapter_name=name)
+            else:
+                self._model.add_adapter(name, config)
+                self._model.set_adapter(name)  # unused for decoding (adapter_names), but never a stale one
+            result = set_peft_model_state_dict(self._model, adapter["state_dict"], adapter_name=name)
+            self._model.to(self._device).eval()  # PEFT refuses adapter_names in training mode
+        lora_missing = [k for k in result.missing_keys if name in k and "lora_" in k]
+        if lora_missing or result.unexpected_keys:
+            raise EngineError(
+                f"adapter v{version} does not fit the model: missing {lora_missing[:3]}, "
+                f"unexpected {list(result.unexpected_keys)[:3]}"
+            )
+
+    async def _collect_adapters(self) -> None:
+        """Delete adapters that are neither current nor pinned by a request."""
+        stale = [v for v in self._adapters if v != self._version and self._pinned[v] <= 0]
+        if not stale:
+            return
+        for v in stale:
+            self._adapters.discard(v)
+            self._pinned.pop(v, None)
+
+        def delete() -> None:
+            with self._model_lock:
+                if not self._is_peft():
+                    return
+                names = {adapter_name(v) for v in stale} & set(self._model.peft_config)
+                if names >= set(self._model.peft_config):
+                    # None would be left: unwrap (PEFT cannot run with zero adapters); the next
+                    # load_adapter wraps the model again.
+                    self._model = self._model.unload()
+                    return
+                for name in names:
+                    self._model.delete_adapter(name)
+
+        await asyncio.to_thread(delete)
+        self._stats["adapters_deleted"] += len(stale)
+
+    # ------------------------------------------------------------------ full weights
+
+    async def update_weights(
+        self, version: int, chunks: Iterable[dict[str, Any]] | AsyncIterable[dict[str, Any]]
+    ) -> None:
+        """Copy {name: tensor} chunks into the parameters in place (one chunk in memory at a time).
+
+        Names are the base model's (`model.layers.0.self_attn.q_proj.weight`). Waits for the running
+        batch; requests queued meanwhile run on the new weights."""
+        assert self._batch_turn is not None
+        t0 = time.monotonic()
+        async with self._batch_turn:
+            params = self._param_index()
+            copied = 0
+            if isinstance(chunks, AsyncIterable):
+                async for chunk in chunks:
+                    copied += await asyncio.to_thread(self._copy_chunk, params, chunk)
+            else:
+                for chunk in chunks:
+                    if inspect.isawaitable(chunk):
+                        chunk = await chunk
+                    copied += await asyncio.to_thread(self._copy_chunk, params, chunk)
+            self._version = version
+            # Queued requests were pinned to the old version, but they run on the new weights.
+            for r in self._pending:
+                self._pinned[r.version] -= 1
+                r.version = version
+                self._pinned[version] += 1
+        self._stats["weight_updates"] += 1
+        await self._collect_adapters()  # new requests run without an adapter now (as on vLLM)
+        log.info("HF engine: weights v%d (%d tensors) in %.2f s", version, copied, time.monotonic() - t0)
+
+    def _param_index(self) -> dict[str, torch.Tensor]:
+        base = self._model.get_base_model() if self._is_peft() else self._model
+        index: dict[str, torch.Tensor] = {}
+        for name, tensor in base.state_dict(keep_vars=True).items():
+            index[name] = tensor
+            if ".base_layer." in name:  # PEFT-wrapped layers: accept the plain name too
+                index.setdefault(name.replace(".base_layer.", "."), tensor)
+        return index
+
+    def _copy_chunk(self, params: dict[str, torch.Tensor], chunk: dict[str, Any]) -> int:
+        import torch
+
+        unknown = [k for k in chunk if k not in params]
+        if unknown:
+            raise EngineError(f"update_weights: unknown parameter names {unknown[:5]}")
+        with self._model_lock, torch.no_grad():
+            for name, value in chunk.items():
+                target = params[name]
+                if tuple(target.shape) != tuple(value.shape):
+                    raise EngineError(
+                        f"update_weights: {name} has shape {tuple(value.shape)}, expected {tuple(target.shape)}"
+                    )
+                target.copy_(value)  # in place: no second copy of the model
+        return len(chunk)
+
+    # ------------------------------------------------------------------ introspection
+
+    def version(self) -> int:
+        return self._version
+
+    def stats(self) -> dict[str, Any]:
+        batches = self._stats["batches"]
+        return {
+            "backend": "hf",
+            "device": str(self._device),
+            "version": self._version,
+            "adapters_loaded_now": sorted(self._adapters),
+            "pending": len(self._pending),
+            "mean_batch_size": self._stats["requests"] / batches if batches else 0.0,
+            "load_s": self.load_s,
+            **dict(self._stats),
+        }

@@ -1,0 +1,105 @@
+"""One played episode, token-exact: what the learner trains on and what the driver scores.
+
+`prompt_ids` is the chat template's rendering of the env's first messages (tools in the system
+prompt) with the generation prompt. `response_ids` interleaves, turn by turn,
+- the engine's generated ids (loss_mask 1, `rollout_logprobs` = the engine's logprobs), never
+  retokenized, and
+- template tokens the model did not choose (loss_mask 0, logprob 0.0): the end-of-turn token when
+  the engine stopped on a stop string instead of EOS, then the observation delta (the tool
+  messages and the next assistant header).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+FinishReason = Literal["done", "max_turns", "token_budget", "engine_failed"]
+FINISH_REASONS: tuple[str, ...] = ("done", "max_turns", "token_budget", "engine_failed")
+
+
+@dataclass
+class Trajectory:
+    task_id: str
+    group_id: int  # index of the task in the runner's input: the GRPO group
+    sample_index: int  # which of the group's `group_size` samples
+    prompt_ids: list[int] = field(default_factory=list)
+    response_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    rollout_logprobs: list[float] = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=list)  # the conversation the tokens render
+    turn_rewards: list[float] = field(default_factory=list)
+    reward: float = 0.0
+    versions: list[int] = field(default_factory=list)  # policy version of each turn's generation
+    turn_finish: list[str] = field(default_factory=list)  # the engine's finish_reason per turn
+    appended_eot: list[bool] = field(default_factory=list)  # per turn: end-of-turn ids added by the runner
+    env_metadata: list[dict[str, Any]] = field(default_factory=list)  # astep metadata per turn
+    tool_stats: dict[str, Any] = field(default_factory=dict)  # MCPToolEnv.get_metrics()
+    timings: dict[str, float] = field(default_factory=dict)  # generate_s, env_s, wait_s, total_s
+    infra_fault: bool = False
+    finish_reason: FinishReason = "done"
+    restarts: int = 0
+    engine: int = -1  # index of the engine that played the returned attempt
+    missing_logprobs: int = 0
+
+    @property
+    def turns(self) -> int:
+        return len(self.turn_rewards)
+
+    @property
+    def num_generated(self) -> int:
+        return sum(self.loss_mask)
+
+    def generated_segments(self) -> list[list[int]]:
+        """The engine's ids of each turn: the maximal runs of loss_mask 1."""
+        segments: list[list[int]] = []
+        previous = 0
+        for token, m in zip(self.response_ids, self.loss_mask, strict=True):
+            if m and not previous:
+                segments.append([])
+            if m:
+                segments[-1].append(token)
+            previous = m
+        return segments
+
+    def check(self, max_total_tokens: int | None = None) -> None:
+        """Raise ValueError naming the first broken invariant."""
+
+        def fail(what: str) -> None:
+            raise ValueError(f"trajectory {self.task_id}#{self.sample_index}: {what}")
+
+        n = len(self.response_ids)
+        if len(self.loss_mask) != n or len(self.rollout_logprobs) != n:
+            fail(f"lengths differ: response {n}, mask {len(self.loss_mask)}, logprobs {len(self.rollout_logprobs)}")
+        if self.finish_reason not in FINISH_REASONS:
+            fail(f"unknown finish_reason {self.finish_reason!r}")
+        if not self.prompt_ids and self.finish_reason != "engine_failed":
+            fail("empty prompt")
+        if any(m not in (0, 1) for m in self.loss_mask):
+            fail("loss_mask holds values other than 0/1")
+        for i, (m, lp) in enumerate(zip(self.loss_mask, self.rollout_logprobs, strict=True)):
+            if not m and lp != 0.0:
+                fail(f"logprob {lp} at masked-out position {i} (must be 0.0)")
+            if m and not (math.isfinite(lp) and lp <= 0.0):
+                fail(f"logprob {lp} at generated position {i} is not a finite log-probability")
+        turns = len(self.turn_rewards)
+        for name in ("versions", "turn_finish", "appended_eot", "env_metadata"):
+            if len(getattr(self, name)) != turns:
+                fail(f"{name} has {len(getattr(self, name))} entries for {turns} turns")
+        generated = len(self.generated_segments())
+        if generated > turns:
+            fail(f"{generated} generated segments for {turns} turns")
+        if not math.isclose(self.reward, math.fsum(self.turn_rewards), abs_tol=1e-9):
+            fail(f"reward {self.reward} is not the sum of turn rewards {self.turn_rewards}")
+        if self.infra_fault is False and self.finish_reason == "engine_failed":
+            fail("engine_failed without infra_fault")
+        # A prompt alone over the budget gives a 0-turn trajectory (finish token_budget), not a broken one.
+        if max_total_tokens is not None and n and len(self.prompt_ids) + n > max_total_tokens:
+            fail(f"{len(self.prompt_ids) + n} tokens over the budget of {max_total_tokens}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+__all__ = ["FINISH_REASONS", "FinishReason", "Trajectory"]

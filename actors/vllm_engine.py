@@ -1,0 +1,352 @@
+"""The vLLM rollout engine: `AsyncLLM` in this process (its engine core in a spawned process).
+
+- Requests: `TokensPrompt` in, the engine's own token ids out; `SamplingParams(logprobs=0)` puts
+  the chosen token's logprob in each step's dict (vLLM's default: raw logits, before temperature,
+  which is what the learner computes). A missing one is replaced by `missing_logprob_floor` and
+  counted (warned once). Stop strings stay in the output (`include_stop_str_in_output`).
+- LoRA versions: each version is a PEFT folder (adapter_config.json + adapter_model.safetensors)
+  on node-local tmpfs, `<root>/<engine-id>/v<version>`, served under its own `LoRARequest` with
+  a never-reused int id (reusing an id with a new path silently serves the old adapter;
+  `load_inplace` would switch running requests). A request pins the LoRARequest current when it
+  arrived. An old version is removed from the engine and only then its folder deleted, once no
+  request pins it: a request whose adapter folder is gone kills the engine.
+- Full weights (`update_weights`): new requests wait; running ones finish on the old weights
+  (`pause_generation(mode="wait")`, caches cleared); the chunks are written as safetensors to
+  tmpfs and loaded with `collective_rpc("reload_weights", weights_path=...)` (`load_weights`
+  fails on CPU for packed weights); then generation resumes. `reload_weights` drops every loaded
+  LoRA adapter: after it, new requests run on the new base weights without an adapter.
+- `shutdown()` must be called: it stops the engine core (else shared-memory segments leak).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import inspect
+import json
+import logging
+import math
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from actors.engine_api import EngineError, EngineUnavailable, Generation
+from configs.schema import Config, SamplingConfig
+
+if TYPE_CHECKING:
+    from vllm.lora.request import LoRARequest
+
+log = logging.getLogger(__name__)
+
+_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # what vLLM's max_lora_rank accepts
+MAX_LORAS = 4  # adapters resident at once: the current version plus a few still pinned
+
+
+def tmpfs_root() -> Path:
+    """Node-local tmpfs for adapter and weight folders (/dev/shm), else the temp dir."""
+    shm = Path("/dev/shm")
+    base = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+    return base / "mcprl-lora"
+
+
+def _jsonable(value: Any) -> Any:
+    """PEFT's to_dict() holds sets and enums; adapter_config.json needs plain JSON."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = [_jsonable(v) for v in value]
+        return sorted(items) if isinstance(value, (set, frozenset)) else items
+    if hasattr(value, "value") and not isinstance(value, (str, int, float, bool)):  # enums
+        return value.value
+    return value
+
+
+class VLLMEngine:
+    """`RolloutEngine` on vLLM's AsyncLLM (CPU build or CUDA)."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self._rollout = cfg.rollout
+        self.engine_id = uuid.uuid4().hex[:10]
+        self._root = tmpfs_root() / self.engine_id
+        self._engine: Any = None
+        self._vocab = 0
+        self._version = 0
+        self._lora: LoRARequest | None = None  # what new requests get
+        self._loras: dict[int, LoRARequest] = {}  # version -> adapter registered with the engine
+        self._next_lora_id = 1  # never reused
+        self._pinned: collections.Counter[int] = collections.Counter()
+        self._open = asyncio.Event()  # cleared while weights are replaced: new requests wait
+        self._open.set()
+        self._update_lock = asyncio.Lock()
+        self._weights_dir: Path | None = None
+        self._request_seq = 0
+        self._missing_warned = False
+        self._stats: collections.Counter[str] = collections.Counter()
+        self.load_s = 0.0
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        from vllm import AsyncEngineArgs
+        from vllm.platforms import current_platform
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        from actors.models import resolve_model
+
+        t0 = time.monotonic()
+        folder = resolve_model(self.cfg.model.name, self.cfg.model.cache_dir)
+        cpu = current_platform.is_cpu()
+        # The engine core is a spawned process: it reads these from our environment.
+        os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+        if cpu:
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(self._rollout.vllm_kv_cache_gb)))
+        lora = self.cfg.finetune.mode == "lora"
+        args = AsyncEngineArgs(
+            model=str(folder),
+            dtype=self.cfg.model.dtype,
+            max_model_len=self._rollout.max_model_len,
+            gpu_memory_utilization=float(
+                os.environ.get("VLLM_GPU_MEMORY_UTILIZATION", self._rollout.vllm_gpu_memory_utilization)
+            ),
+            enforce_eager=cpu,  # no compile warm-up: a start in ~30 s instead of minutes
+            enable_lora=lora,
+            max_lora_rank=next(r for r in _LORA_RANKS if r >= self.cfg.finetune.lora.r) if lora else 16,
+            max_loras=MAX_LORAS,
+            disable_log_stats=True,
+        )
+        self._root.mkdir(parents=True, exist_ok=True)
+        try:
+            self._engine = AsyncLLM.from_engine_args(args)
+            self._vocab = self._engine.model_config.get_vocab_size()
+            # One warm-up request: the first one pays for lazy initialisation.
+            await self.generate([1, 2, 3], SamplingConfig(temperature=0, max_new_tokens=2, stop=[]))
+        except BaseException:
+            await self.shutdown()  # no half-started engine core or tmpfs folder left behind
+            raise
+        self._stats.clear()
+        self.load_s = time.monotonic() - t0
+        log.info("vLLM engine %s: %s in %.1f s (lora=%s)", self.engine_id, self.cfg.model.name, self.load_s, lora)
+
+    async def shutdown(self) -> None:
+        if self._engine is not None:
+            engine, self._engine = self._engine, None
+            engine.shutdown()  # stops the engine core process and frees its shared memory
+        shutil.rmtree(self._root, ignore_errors=True)
+
+    # ------------------------------------------------------------------ requests
+
+    async def generate(self, prompt_token_ids: list[int], sampling: SamplingConfig) -> Generation:
+        from vllm import SamplingParams, TokensPrompt
+
+        if self._engine is None:
+            raise EngineUnavailable("engine is not started (or shut down)")
+        self._validate(prompt_token_ids, sampling)
+        await self._open.wait()
+        version, lora = self._version, self._lora  # pinned for the whole request
+        self._pinned[version] += 1
+        params = SamplingParams(
+            n=1,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            max_tokens=sampling.max_new_tokens,
+            stop=list(sampling.stop) or None,
+            include_stop_str_in_output=True,
+            repetition_penalty=sampling.repetition_penalty,
+            seed=sampling.seed,
+            logprobs=0,  # the chosen token's logprob only
+        )
+        self._request_seq += 1
+        request_id = f"{self.engine_id}-{self._request_seq}"
+        t0 = time.monotonic()
+        first = 0.0
+        final = None
+        try:
+            async for out in self._engine.generate(
+                TokensPrompt(prompt_token_ids=list(prompt_token_ids)), params, request_id, lora_request=lora
+            ):
+                if not first:
+                    first = time.monotonic() - t0
+                final = out
+        except EngineError:
+            raise
+        except Exception as e:  # vLLM's own errors (dead engine, bad input) become EngineError
+            raise EngineUnavailable(f"vLLM generation failed: {e!r}") from e
+        finally:
+            self._pinned[version] -= 1
+        await self._collect_adapters()
+        if final is None or not final.outputs:
+            raise EngineError("vLLM returned no output")
+        comp = final.outputs[0]
+        token_ids = list(comp.token_ids)
+        logprobs, missing = self._chosen_logprobs(token_ids, comp.logprobs)
+        self._stats["requests"] += 1
+        self._stats["tokens"] += len(token_ids)
+        self._stats["missing_logprobs"] += missing
+        return Generation(
+            token_ids=token_ids,
+            logprobs=logprobs,
+            finish_reason=comp.finish_reason or "abort",
+            version=version,
+            missing_logprobs=missing,
+            timings={"first_token_s": first, "generate_s": time.monotonic() - t0},
+        )
+
+    def _validate(self, prompt: list[int], sampling: SamplingConfig) -> None:
+        if not prompt:
+            raise EngineError("empty prompt: at least one prompt token is needed")
+        limit = self._rollout.max_model_len
+        if len(prompt) + sampling.max_new_tokens > limit:
+            raise EngineError(
+                f"prompt of {len(prompt)} tokens + max_new_tokens {sampling.max_new_tokens} exceeds "
+                f"max_model_len {limit}"
+            )
+        if min(prompt) < 0 or max(prompt) >= self._vocab:
+            raise EngineError(f"prompt token ids must lie in [0, {self._vocab})")
+
+    def _chosen_logprobs(self, token_ids: list[int], steps: Any) -> tuple[list[float], int]:
+        floor = self._rollout.missing_logprob_floor
+        out: list[float] = []
+        missing = 0
+        for i, tok in enumerate(token_ids):
+            entry = steps[i].get(tok) if steps is not None and i < len(steps) and steps[i] else None
+            value = getattr(entry, "logprob", None)
+            if value is None or not math.isfinite(value):
+                missing += 1
+                value = floor
+            out.append(float(value))
+        if missing and not self._missing_warned:
+            self._missing_warned = True
+            log.warning("vLLM returned no logprob for %d token(s); using %s (counted in stats)", missing, floor)
+        return out, missing
+
+    # ------------------------------------------------------------------ LoRA versions
+
+    async def load_adapter(self, version: int, adapter: dict[str, Any]) -> None:
+        from vllm.lora.request import LoRARequest
+
+        if not self.cfg.finetune.mode == "lora":
+            raise EngineError("load_adapter needs finetune.mode=lora (the engine was started without LoRA)")
+        if version <= self._version:
+            raise EngineError(f"adapter version {version} is not newer than the current version {self._version}")
+        folder = self._root / f"v{version}"
+        await asyncio.to_thread(self._write_adapter, folder, adapter)
+        request = LoRARequest(lora_name=f"v{version}", lora_int_id=self._next_lora_id, lora_path=str(folder))
+        self._next_lora_id += 1
+        try:
+            await self._engine.add_lora(request)  # load now: a bad adapter fails here, not in a request
+        except Exception as e:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise EngineError(f"vLLM could not load adapter v{version}: {e!r}") from e
+        self._loras[version] = request
+        self._version, self._lora = version, request
+        self._stats["adapters_loaded"] += 1
+        await self._collect_adapters()
+
+    @staticmethod
+    def _write_adapter(folder: Path, adapter: dict[str, Any]) -> None:
+        from safetensors.torch import save_file
+
+        tmp = folder.with_name(folder.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        config = _jsonable(dict(adapter["config"]))
+        (tmp / "adapter_config.json").write_text(json.dumps(config))
+        tensors = {k: v.detach().to("cpu").contiguous() for k, v in adapter["state_dict"].items()}
+        save_file(tensors, str(tmp / "adapter_model.safetensors"))
+        tmp.rename(folder)  # complete folders only
+
+    async def _collect_adapters(self) -> None:
+        """Remove from the engine, then delete, adapters neither current nor pinned."""
+        stale = [v for v in self._loras if v != self._version and self._pinned[v] <= 0]
+        for v in stale:
+            request = self._loras.pop(v)
+            self._pinned.pop(v, None)
+            try:
+                await self._engine.remove_lora(request.lora_int_id)
+            except Exception:  # already evicted (or dropped by reload_weights): nothing to remove
+                log.debug("remove_lora(%d) failed", request.lora_int_id, exc_info=True)
+            shutil.rmtree(request.lora_path, ignore_errors=True)
+            self._stats["adapters_deleted"] += 1
+
+    # ------------------------------------------------------------------ full weights
+
+    async def update_weights(
+        self, version: int, chunks: Iterable[dict[str, Any]] | AsyncIterable[dict[str, Any]]
+    ) -> None:
+        """Replace the weights from {name: tensor} chunks (HF checkpoint names); see the module doc."""
+        async with self._update_lock:
+            t0 = time.monotonic()
+            folder = self._root / f"weights-v{version}"
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True)
+            count = 0
+            # One chunk in memory at a time: each becomes its own safetensors file.
+            if isinstance(chunks, AsyncIterable):
+                async for chunk in chunks:
+                    count = await asyncio.to_thread(self._write_chunk, folder, count, chunk)
+            else:
+                for chunk in chunks:
+                    if inspect.isawaitable(chunk):
+                        chunk = await chunk
+                    count = await asyncio.to_thread(self._write_chunk, folder, count, chunk)
+            written = time.monotonic() - t0
+            self._open.clear()  # new requests wait until the new weights are in
+            try:
+                await self._engine.pause_generation(mode="wait", clear_cache=True)
+                try:
+                    await self._engine.collective_rpc(
+                        "reload_weights", kwargs={"weights_path": str(folder), "is_checkpoint_format": True}
+                    )
+                finally:
+                    await self._engine.resume_generation()
+                # reload_weights dropped every adapter: forget them (and their folders).
+                for request in self._loras.values():
+                    shutil.rmtree(request.lora_path, ignore_errors=True)
+                self._loras.clear()
+                self._lora = None
+                self._version = version
+            except Exception as e:
+                raise EngineError(f"vLLM weight reload failed: {e!r}") from e
+            finally:
+                self._open.set()
+            if self._weights_dir is not None and self._weights_dir != folder:
+                shutil.rmtree(self._weights_dir, ignore_errors=True)
+            self._weights_dir = folder
+            self._stats["weight_updates"] += 1
+            self._stats["last_update_s"] = time.monotonic() - t0  # type: ignore[assignment]
+            log.info(
+                "vLLM engine %s: weights v%d (%d tensors) written in %.2f s, loaded in %.2f s",
+                self.engine_id, version, count, written, time.monotonic() - t0 - written,
+            )  # fmt: skip
+
+    @staticmethod
+    def _write_chunk(folder: Path, count: int, chunk: dict[str, Any]) -> int:
+        from safetensors.torch import save_file
+
+        # safetensors refuses shared storage (tied weights): one contiguous copy per tensor.
+        tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in chunk.items()}
+        index = len(list(folder.glob("*.safetensors")))
+        save_file(tensors, str(folder / f"model-{index:05d}.safetensors"))
+        return count + len(tensors)
+
+    # ------------------------------------------------------------------ introspection
+
+    def version(self) -> int:
+        return self._version
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "backend": "vllm",
+            "engine_id": self.engine_id,
+            "version": self._version,
+            "adapters_loaded_now": sorted(self._loras),
+            "running": sum(self._pinned.values()),
+            "load_s": self.load_s,
+            **dict(self._stats),
+        }
