@@ -23,6 +23,19 @@ class EngineUnavailable(RuntimeError):
     runner moves the episode to another engine. Deliberately not an EngineError."""
 
 
+def check_request(prompt: list[int], sampling: SamplingConfig, max_model_len: int, vocab_size: int) -> None:
+    """Refuse what no backend can serve, with the same message whichever backend it is."""
+    if not prompt:
+        raise EngineError("empty prompt: at least one prompt token is needed")
+    if len(prompt) + sampling.max_new_tokens > max_model_len:
+        raise EngineError(
+            f"prompt of {len(prompt)} tokens + max_new_tokens {sampling.max_new_tokens} exceeds "
+            f"max_model_len {max_model_len}"
+        )
+    if min(prompt) < 0 or max(prompt) >= vocab_size:
+        raise EngineError(f"prompt token ids must lie in [0, {vocab_size})")
+
+
 @dataclass
 class Generation:
     """One generation: the engine's own token ids, never retokenized."""

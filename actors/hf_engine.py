@@ -36,7 +36,7 @@ from collections.abc import AsyncIterable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from actors.engine_api import EngineError, EngineUnavailable, Generation
+from actors.engine_api import EngineError, EngineUnavailable, Generation, check_request
 from configs.schema import Config, SamplingConfig
 
 if TYPE_CHECKING:
@@ -138,17 +138,8 @@ class HFEngine:
             await self._collect_adapters()
 
     def _validate(self, prompt: list[int], sampling: SamplingConfig) -> None:
-        if not prompt:
-            raise EngineError("empty prompt: at least one prompt token is needed")
-        limit = self._rollout.max_model_len
-        if len(prompt) + sampling.max_new_tokens > limit:
-            raise EngineError(
-                f"prompt of {len(prompt)} tokens + max_new_tokens {sampling.max_new_tokens} exceeds "
-                f"max_model_len {limit}"
-            )
         vocab = self._model.get_input_embeddings().num_embeddings
-        if min(prompt) < 0 or max(prompt) >= vocab:
-            raise EngineError(f"prompt token ids must lie in [0, {vocab})")
+        check_request(prompt, sampling, self._rollout.max_model_len, vocab)
 
     async def _schedule(self) -> None:
         assert self._work is not None and self._batch_turn is not None

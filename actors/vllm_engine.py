@@ -35,7 +35,7 @@ from collections.abc import AsyncIterable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from actors.engine_api import EngineError, EngineUnavailable, Generation
+from actors.engine_api import EngineError, EngineUnavailable, Generation, check_request
 from configs.schema import Config, SamplingConfig
 
 if TYPE_CHECKING:
@@ -198,16 +198,7 @@ class VLLMEngine:
         )
 
     def _validate(self, prompt: list[int], sampling: SamplingConfig) -> None:
-        if not prompt:
-            raise EngineError("empty prompt: at least one prompt token is needed")
-        limit = self._rollout.max_model_len
-        if len(prompt) + sampling.max_new_tokens > limit:
-            raise EngineError(
-                f"prompt of {len(prompt)} tokens + max_new_tokens {sampling.max_new_tokens} exceeds "
-                f"max_model_len {limit}"
-            )
-        if min(prompt) < 0 or max(prompt) >= self._vocab:
-            raise EngineError(f"prompt token ids must lie in [0, {self._vocab})")
+        check_request(prompt, sampling, self._rollout.max_model_len, self._vocab)
 
     def _chosen_logprobs(self, token_ids: list[int], steps: Any) -> tuple[list[float], int]:
         floor = self._rollout.missing_logprob_floor
