@@ -342,3 +342,15 @@ def _snip(s: str) -> str:
 
 def _quote(name: str) -> str:
     return repr(name[:80] + ("..." if len(name) > 80 else ""))
+
+
+def format_tool_call(name: str, arguments: dict[str, Any]) -> str:
+    """A call written the way the prompt asks for it (Hermes), which `parse_turn` reads back."""
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+
+def expert_turns(row: Mapping[str, Any]) -> list[str]:
+    """The turns a perfect agent plays for a task row: each expected call, then the final answer."""
+    gt = row["reward_spec"]["ground_truth"]
+    calls = [format_tool_call(f"{s['server']}.{s['tool']}", s["params"]) for s in gt["tool_sequence"]]
+    return [*calls, f"<answer>{(gt.get('final_answer') or {}).get('value', '')}</answer>"]

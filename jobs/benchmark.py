@@ -298,15 +298,9 @@ class ExpertEngine:
 
     def __init__(self, tokenizer: Any, rows: list[dict[str, Any]], gen_s: float) -> None:
         self.tok, self.gen_s = tokenizer, gen_s
-        self.scripts: list[tuple[str, list[str]]] = []
-        for row in rows:
-            gt = row["reward_spec"]["ground_truth"]
-            calls = []
-            for step in gt["tool_sequence"]:
-                call = {"name": f"{step['server']}.{step['tool']}", "arguments": step["params"]}
-                calls.append(f"<tool_call>{json.dumps(call)}</tool_call>")
-            answer = (gt.get("final_answer") or {}).get("value", "")
-            self.scripts.append((row["prompt"][-1]["content"], [*calls, f"<answer>{answer}</answer>"]))
+        from envs.parsing import expert_turns
+
+        self.scripts = [(row["prompt"][-1]["content"], expert_turns(row)) for row in rows]
 
     async def generate(self, prompt_token_ids: list[int], sampling: Any) -> Any:
         from actors.engine_api import Generation

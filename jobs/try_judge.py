@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 from typing import Any
@@ -27,6 +26,7 @@ from pydantic import ValidationError
 
 from configs.loader import ConfigError, apply_openai_env
 from configs.schema import Config
+from envs.parsing import format_tool_call
 from jobs.cli import base_parser, setup, usage_error
 from tasks.io import TaskFileError, read_rows
 from tasks.schema import TaskRow
@@ -55,8 +55,7 @@ def load_row(path: str, index: int) -> TaskRow:
 
 def default_action(row: TaskRow) -> str:
     first = row.reward_spec.ground_truth.tool_sequence[0]
-    call = {"name": f"{first.server}.{first.tool}", "arguments": first.params}
-    return f"<tool_call>{json.dumps(call)}</tool_call>"
+    return format_tool_call(f"{first.server}.{first.tool}", first.params)
 
 
 def conversation_of(row: TaskRow, action: str) -> list[dict[str, Any]]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +26,7 @@ from actors.trajectory import Trajectory
 from configs.loader import load_config
 from configs.schema import Config, SamplingConfig
 from envs.mcp_tool_env import run_sync
+from envs.parsing import expert_turns as expert_actions
 from envs.tool_client import set_tool_client
 from serve_apps.tool_pool import LocalToolPool
 from tasks.io import read_rows
@@ -85,16 +85,6 @@ def config(**rollout: Any) -> Config:
 
 
 # --------------------------------------------------------------------------- the scripted engine
-
-
-def hermes(name: str, args: dict) -> str:
-    return f"<tool_call>{json.dumps({'name': name, 'arguments': args})}</tool_call>"
-
-
-def expert_actions(row: dict) -> list[str]:
-    gt = row["reward_spec"]["ground_truth"]
-    actions = [hermes(f"{s['server']}.{s['tool']}", s["params"]) for s in gt["tool_sequence"]]
-    return [*actions, f"<answer>{gt['final_answer']['value']}</answer>"]
 
 
 class EngineDiedError(RuntimeError):

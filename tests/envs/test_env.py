@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import importlib
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +19,8 @@ import envs
 from configs.loader import load_config
 from configs.schema import Config, EnvConfig
 from envs.mcp_tool_env import MCPToolEnv, run_sync
+from envs.parsing import expert_turns as expert_actions
+from envs.parsing import format_tool_call as hermes
 from envs.tool_client import set_tool_client
 from serve_apps.tool_pool import LocalToolPool
 from tasks.io import read_rows
@@ -68,16 +69,6 @@ def client(pool):
 
 def make(row: dict, env: dict | None = None, reward: dict | None = None) -> MCPToolEnv:
     return skyrl_gym.make("MCPToolEnv", env_config={"env": env or {}, "reward": reward or {}}, extras=row)
-
-
-def hermes(name: str, args: dict) -> str:
-    return f"<tool_call>{json.dumps({'name': name, 'arguments': args})}</tool_call>"
-
-
-def expert_actions(row: dict) -> list[str]:
-    gt = row["reward_spec"]["ground_truth"]
-    actions = [hermes(f"{s['server']}.{s['tool']}", s["params"]) for s in gt["tool_sequence"]]
-    return [*actions, f"<answer>{gt['final_answer']['value']}</answer>"]
 
 
 def simple_row(rows: list[dict], server: str = "polygon") -> dict:

@@ -8,6 +8,7 @@ import random
 import pytest
 
 from envs.parsing import MAX_TURN_CHARS, ToolIndex, parse_turn
+from envs.parsing import format_tool_call as hermes
 
 ALIASES = {"symbol": "ticker", "query_text": "query", "channel_name": "channel", "source": "code"}
 INVENTORY = {
@@ -25,10 +26,6 @@ INDEX = ToolIndex(INVENTORY)
 
 def parse(text, **kw):
     return parse_turn(text, INDEX, aliases=ALIASES, **kw)
-
-
-def hermes(name, args):
-    return f"<tool_call>{json.dumps({'name': name, 'arguments': args})}</tool_call>"
 
 
 # --------------------------------------------------------------------------- formats
