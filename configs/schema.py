@@ -262,6 +262,7 @@ class LoraConfig(Strict):
 class FinetuneConfig(Strict):
     mode: Literal["lora", "full"] = "lora"
     lora: LoraConfig = Field(default_factory=LoraConfig)
+    init_adapter: str = Field("", description="LoRA: a PEFT adapter folder to start from (e.g. the warm start's).")
 
 
 class RolloutConfig(Strict):
@@ -285,6 +286,99 @@ class RolloutConfig(Strict):
     mode: Literal["async", "lockstep"] = Field("async", description="Episodes move on independently, or turn by turn.")
     max_total_tokens: int = Field(2048, ge=64, description="Per episode: prompt + responses + observations.")
     max_episode_restarts: int = Field(2, ge=0, description="Restarts of an episode whose engine died.")
+    runners: int = Field(1, ge=1, description="EpisodeRunner actors; each drives every engine.")
+    num_cpus_per_runner: float = Field(0.1, gt=0)
+    max_concurrent_episodes: int | None = Field(None, ge=1, description="Per runner; None = all at once.")
+    overlap: bool = Field(False, description="Generate step k+1 while step k trains (one step off-policy).")
+
+
+# --------------------------------------------------------------------------- training
+
+
+class AlgorithmConfig(Strict):
+    """GRPO: advantages and the policy loss (grpo/)."""
+
+    advantage: Literal["grpo", "rloo", "reinforce_pp"] = Field(
+        "grpo", description="grpo: minus the group mean; rloo: minus the mean of the others; reinforce_pp: batch mean."
+    )
+    std_normalize: bool = Field(True, description="Divide by the group's std (grpo) or the batch's (reinforce_pp).")
+    clip_eps_low: float = Field(0.2, ge=0, description="Ratio clipped below at 1 - clip_eps_low.")
+    clip_eps_high: float = Field(0.28, ge=0, description="Ratio clipped above at 1 + clip_eps_high.")
+    loss_reduction: Literal["token", "sequence"] = Field(
+        "token", description="token: mean over all generated tokens of the batch; sequence: per-sequence mean first."
+    )
+    kl_coef: float = Field(0.0, ge=0, description="Weight of KL(policy || reference) in the loss; 0 = no reference.")
+    kl_estimator: Literal["k1", "k3"] = "k3"
+    entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus weight.")
+    tis_cap: float | None = Field(
+        2.0, gt=0, description="Truncated importance weight cap for learner/rollout logprob gaps; None = off."
+    )
+
+
+class OptimConfig(Strict):
+    lr: float = Field(1e-5, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    warmup_steps: int = Field(0, ge=0)
+    schedule: Literal["constant", "linear", "cosine"] = "constant"
+    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="linear/cosine decay ends at lr * min_lr_ratio.")
+    grad_clip: float = Field(1.0, gt=0)
+
+
+class LearnerConfig(Strict):
+    """The learner group: L workers, torch.distributed + FSDP2 (DeepSpeed later)."""
+
+    workers: int = Field(1, ge=1)
+    backend: Literal["fsdp2"] = Field("fsdp2", description="Sharding backend; deepspeed joins later.")
+    num_cpus_per_worker: float = Field(1.0, gt=0)
+    num_gpus_per_worker: float = Field(0.0, ge=0)
+    dtype: Literal["bfloat16", "float32"] = Field("bfloat16", description="Parameter/compute dtype of the learner.")
+    gradient_checkpointing: bool = True
+    micro_batch_tokens: int = Field(4096, ge=64, description="Tokens (padded) per forward/backward micro-batch.")
+    reference: Literal["fixed", "periodic", "ema"] = Field("fixed", description="How the KL reference moves.")
+    reference_every: int = Field(0, ge=0, description="periodic: copy the policy into the reference every N steps.")
+    reference_ema: float = Field(0.99, gt=0, lt=1, description="ema: ref = a*ref + (1-a)*policy each step.")
+    reference_cpu_offload: bool = Field(False, description="full mode: keep the frozen reference on CPU.")
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+
+
+class DataConfig(Strict):
+    train: str = Field("data/train.jsonl", description="Task rows for training (.jsonl/.json/.parquet).")
+    validation: str = Field("", description="Held-out task rows for evaluation; empty = none.")
+    generate: Literal["", "rule"] = Field(
+        "", description="rule: when the files are missing, generate them with the `generation` section (+ splits)."
+    )
+
+
+class SftConfig(Strict):
+    """Supervised warm start on expert trajectories before RL (a small model has no signal otherwise)."""
+
+    enabled: bool = False
+    steps: int = Field(8, ge=1, description="Stops early by design so that RL has room to show its gain.")
+    batch_size: int = Field(8, ge=1, description="Expert trajectories per step.")
+    lr: float = Field(2e-4, gt=0)
+
+
+class TrainConfig(Strict):
+    steps: int = Field(10, ge=1, description="GRPO iterations.")
+    tasks_per_step: int = Field(4, ge=1, description="B: tasks sampled per iteration.")
+    group_size: int = Field(4, ge=2, description="G: episodes per task (the GRPO group).")
+    epochs: int = Field(1, ge=1, description="Passes over each iteration's batch.")
+    minibatches: int = Field(1, ge=1, description="Optimizer steps per epoch (the batch is split in this many).")
+    seed: int = 0
+    eval_every: int = Field(0, ge=0, description="Evaluate on the validation split every N steps; 0 = start/end only.")
+    eval_tasks: int = Field(32, ge=1, description="Validation tasks played (greedy) per evaluation.")
+    checkpoint_every: int = Field(0, ge=0, description="Checkpoint every N steps (and at the end); 0 = end only.")
+    output_dir: str = Field("runs", description="Run folders go here: <output_dir>/<run_name>/.")
+
+
+class LoggingConfig(Strict):
+    wandb: Literal["auto", "online", "offline", "off"] = Field(
+        "auto", description="auto: online when WANDB_API_KEY is set, offline otherwise."
+    )
+    wandb_project: str = "mcprl"
+    sample_trajectories: int = Field(4, ge=0, description="Trajectories logged as a W&B table per step.")
+    ray_metrics: bool = Field(True, description="Export key figures as Ray metrics (dashboard).")
 
 
 # --------------------------------------------------------------------------- model, cluster
@@ -317,4 +411,10 @@ class Config(Strict):
     reward: RewardConfig = Field(default_factory=RewardConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     finetune: FinetuneConfig = Field(default_factory=FinetuneConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    learner: LearnerConfig = Field(default_factory=LearnerConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    sft_warmup: SftConfig = Field(default_factory=SftConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
