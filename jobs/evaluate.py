@@ -1,0 +1,128 @@
+"""Play tasks greedily with the base model or a trained adapter, and score them.
+
+    python -m jobs.evaluate --config configs/X.yaml --tasks FILE [--adapter DIR] [--limit N] [--out FILE.json]
+
+Prints the success rate, the mean reward, the mean number of turns and each tool's error rate, and
+writes them (with one line per task) as JSON. The engines, runners and tool pool are the training
+run's own (`cluster.rollout_group`), so an evaluation plays exactly what training rollouts play.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from configs.schema import SamplingConfig
+from jobs.cli import base_parser, setup, usage_error
+
+
+def tool_error_rates(trajs: list[Any]) -> dict[str, dict[str, float]]:
+    """Per tool name: calls and the fraction that failed (any error kind)."""
+    calls: Counter[str] = Counter()
+    errors: Counter[str] = Counter()
+    for t in trajs:
+        for meta in t.env_metadata:
+            for call in meta.get("calls", []):
+                calls[call["name"]] += 1
+                errors[call["name"]] += not call["ok"]
+    return {name: {"calls": n, "error_rate": errors[name] / n} for name, n in sorted(calls.items())}
+
+
+async def evaluate_rows(rollout: Any, rows: list[dict[str, Any]], sampling: SamplingConfig) -> dict[str, Any]:
+    """One greedy episode per task on the rollout group's engines; the figures the reports show."""
+    from actors.rollout_metrics import rollout_metrics
+
+    trajs = await rollout.run(rows, 1, sampling=sampling)
+    m = rollout_metrics(trajs)
+    return {
+        "tasks": len(rows),
+        "success_rate": float(m.get("success_rate", 0.0)),
+        "mean_reward": float(m.get("episode_reward", 0.0)),
+        "turns": float(m.get("episode_len", 0.0)),
+        "tool_success_rate": float(m.get("tool_success_rate", 0.0)),
+        "parse_failure_rate": float(m.get("parse_failure_rate", 0.0)),
+        "infra_faults": int(m.get("infra_faults", 0)),
+        "tool_errors": tool_error_rates(trajs),
+        "per_task": [
+            {"task_id": t.task_id, "reward": t.reward, "turns": t.turns, "success": bool(t.tool_stats.get(k))}
+            for t in trajs
+            for k in ["task_complete"]
+        ],
+    }
+
+
+def read_adapter(folder: str | Path) -> dict[str, Any]:
+    """A PEFT adapter folder as the engines take it: {"config": ..., "state_dict": ...}."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    config_file, weights = folder / "adapter_config.json", folder / "adapter_model.safetensors"
+    if not config_file.is_file() or not weights.is_file():
+        raise FileNotFoundError(f"{folder}: not a PEFT adapter folder (adapter_config.json, adapter_model.safetensors)")
+    return {"config": json.loads(config_file.read_text()), "state_dict": load_file(str(weights))}
+
+
+async def run(cfg: Any, rows: list[dict[str, Any]], adapter: str | None) -> dict[str, Any]:
+    import ray
+
+    from cluster.rollout_group import RolloutGroup
+    from jobs.train import greedy
+    from serve_apps.tool_pool import deploy_pool, undeploy_pool
+
+    pool = deploy_pool(cfg.tools)
+    rollout = RolloutGroup(cfg, pool)
+    try:
+        await rollout.start()
+        if adapter:
+            await rollout.push_adapter(1, ray.put(read_adapter(adapter)))
+        return await evaluate_rows(rollout, rows, greedy(cfg))
+    finally:
+        await rollout.shutdown()
+        undeploy_pool(pool)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = base_parser(__doc__.splitlines()[0])
+    p.add_argument("--tasks", required=True, help="task file (.jsonl, .json, .parquet)")
+    p.add_argument("--adapter", help="a LoRA adapter folder (PEFT format), e.g. <run>/final_adapter")
+    p.add_argument("--limit", type=int, help="play only the first N tasks")
+    p.add_argument("--out", help="write the results here as JSON (default: <tasks stem>.eval.json beside the tasks)")
+    args = p.parse_args(argv)
+    cfg = setup(args)
+    if args.adapter:
+        try:
+            read_adapter(args.adapter)
+        except FileNotFoundError as e:
+            usage_error(str(e))
+        cfg.finetune.mode = "lora"
+    from tasks.dataset import DataError, load_tasks
+    from tasks.inventory import load_inventory
+
+    try:
+        rows = load_tasks(args.tasks, asyncio.run(load_inventory(cfg.tools)), "--tasks")
+    except DataError as e:
+        usage_error(str(e))
+    rows = rows[: args.limit] if args.limit else rows
+    from cluster.ray_env import ray_session
+
+    with ray_session(cfg.cluster):
+        result = asyncio.run(run(cfg, rows, args.adapter))
+    print(f"{len(rows)} tasks, {'adapter ' + args.adapter if args.adapter else 'base model ' + cfg.model.name}")
+    print(f"  success rate  {result['success_rate']:.1%}")
+    print(f"  mean reward   {result['mean_reward']:.3f}")
+    print(f"  mean turns    {result['turns']:.2f}")
+    print(f"  parse failures per turn {result['parse_failure_rate']:.2f}; infra faults {result['infra_faults']}")
+    for name, s in result["tool_errors"].items():
+        print(f"  {name:40s} {s['calls']:4d} calls, {s['error_rate']:.0%} errors")
+    out = Path(args.out) if args.out else Path(args.tasks).with_suffix(".eval.json")
+    out.write_text(json.dumps(result, indent=2))
+    print(f"results: {out}")
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,349 @@
+"""Preflight of a training run: everything that can be checked before any GPU time is spent.
+
+`python -m jobs.train --config X` (without `--run`) runs these checks and prints the plan; with
+`--run` the same checks gate the run, so a bad config, bad data or a missing key stops it before
+any actor starts. Each failed check says what to fix.
+
+Checks: resources (what the roles ask of the cluster), data (task files through the gate), model and
+tokenizer, the chat template round trip (render a task, tokenize, parse a tool call back), API keys
+(live tools, the judge), and that every MCP server answers with its tools.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from configs.schema import Config, LiveService
+
+PASS, FAIL = "ok", "FAIL"
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+
+@dataclass
+class Preflight:
+    """The checks, and what they loaded that the run reuses (rows, listing, tokenizer)."""
+
+    checks: list[Check] = field(default_factory=list)
+    listing: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    train_rows: list[dict[str, Any]] = field(default_factory=list)
+    validation_rows: list[dict[str, Any]] = field(default_factory=list)
+    tokenizer: Any = None
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    def add(self, name: str, ok: bool, detail: str, fix: str = "") -> bool:
+        self.checks.append(Check(name, ok, detail, fix))
+        return ok
+
+    def failures(self) -> list[Check]:
+        return [c for c in self.checks if not c.ok]
+
+
+# --------------------------------------------------------------------------- resources
+
+
+def role_resources(cfg: Config) -> dict[str, dict[str, float]]:
+    """CPUs and GPUs each role asks of the cluster, in total."""
+    from serve_apps.tool_pool import server_specs
+
+    tools_cpu = sum(s.replicas * s.cfg.num_cpus for s in server_specs(cfg.tools))
+    roles = {
+        "tool pool (Serve)": {"CPU": tools_cpu, "GPU": 0.0},
+        "engines": {
+            "CPU": cfg.rollout.engines * cfg.rollout.num_cpus_per_engine,
+            "GPU": cfg.rollout.engines * cfg.rollout.num_gpus_per_engine,
+        },
+        "runners": {"CPU": cfg.rollout.runners * cfg.rollout.num_cpus_per_runner, "GPU": 0.0},
+        "learner": {
+            "CPU": cfg.learner.workers * cfg.learner.num_cpus_per_worker,
+            "GPU": cfg.learner.workers * cfg.learner.num_gpus_per_worker,
+        },
+    }
+    if cfg.reward.backend != "heuristic" and cfg.reward.judge.serve:
+        roles["judge (Serve)"] = {"CPU": cfg.reward.judge.num_cpus, "GPU": 0.0}
+    return roles
+
+
+def cluster_capacity(cfg: Config) -> tuple[dict[str, float], str]:
+    """What the run will have: the connected cluster's resources, or the embedded Ray's."""
+    address = cfg.cluster.address or os.environ.get("RAY_ADDRESS")
+    if address:
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(address=address, namespace=cfg.cluster.namespace, logging_level="ERROR")
+        res = ray.cluster_resources()
+        return {"CPU": float(res.get("CPU", 0)), "GPU": float(res.get("GPU", 0))}, f"cluster at {address}"
+    import torch
+
+    cpus = cfg.cluster.num_cpus if cfg.cluster.num_cpus is not None else float(os.cpu_count() or 1)
+    gpus = float(torch.cuda.device_count()) if torch.cuda.is_available() else 0.0
+    return {"CPU": cpus, "GPU": gpus}, "embedded Ray on this machine"
+
+
+def check_resources(cfg: Config, pf: Preflight) -> None:
+    need = {"CPU": 0.0, "GPU": 0.0}
+    for r in role_resources(cfg).values():
+        for k in need:
+            need[k] += r[k]
+    have, where = cluster_capacity(cfg)
+    short = [k for k in need if need[k] > have[k] + 1e-9]
+    detail = f"roles ask {need['CPU']:g} CPU, {need['GPU']:g} GPU; {where} has {have['CPU']:g} CPU, {have['GPU']:g} GPU"
+    fix = (
+        "lower rollout.num_cpus_per_engine / learner.num_cpus_per_worker / tools num_cpus, fewer engines or "
+        "workers, or raise cluster.num_cpus (logical CPUs: rollout and training take turns)"
+        if "CPU" in short
+        else "ask fewer GPUs (rollout.num_gpus_per_engine, learner.num_gpus_per_worker) or use a GPU cluster"
+    )
+    pf.add("resources", not short, detail, fix if short else "")
+
+
+# --------------------------------------------------------------------------- data
+
+
+def generated_data_paths(cfg: Config) -> tuple[Path, dict[str, Path]]:
+    """Where `data.generate: rule` writes: `<dir>/<stem>.jsonl` splits into `<dir>/<stem>.<split>.jsonl`."""
+    from jobs.generate_tasks import output_paths
+
+    train = Path(cfg.data.train)
+    stem, dot, split = train.stem.rpartition(".")
+    if not dot or split != "train":
+        raise ValueError(
+            f"data.train {train}: with data.generate=rule the file must be named <stem>.train<suffix> "
+            "(e.g. data/tasks.train.jsonl), the generator's name for the train split"
+        )
+    out = train.with_name(stem + train.suffix)
+    splits = cfg.generation.splits or {"train": 1.0}
+    return out, {str(k): v for k, v in output_paths(out, splits).items()}
+
+
+def generate_data(cfg: Config) -> str:
+    """Generate the rule tasks the config names when its files are missing; returns what was done."""
+    from jobs.generate_tasks import build_parser, resolve, run
+
+    out, paths = generated_data_paths(cfg)
+    wanted = [Path(cfg.data.train)] + ([Path(cfg.data.validation)] if cfg.data.validation else [])
+    if all(p.is_file() for p in wanted):
+        return "task files present"
+    missing = [str(p) for p in wanted if str(p) not in {str(q) for q in paths.values()}]
+    if missing:
+        raise ValueError(
+            f"data.validation {missing[0]} is not a split the generator writes; with generation.splits "
+            f"{cfg.generation.splits} it writes {', '.join(map(str, paths.values()))}"
+        )
+    args = build_parser().parse_args(["--method", "rule", "--out", str(out)])
+    resolve(args, cfg, os.environ)
+    code = asyncio.run(run(args, cfg))
+    if code != 0:
+        raise ValueError("rule generation admitted no tasks")
+    return f"generated rule tasks into {out.parent}"
+
+
+def check_data(cfg: Config, pf: Preflight) -> None:
+    from tasks.dataset import DataError, load_tasks
+    from tasks.inventory import inventory_from_listing
+
+    if cfg.data.generate == "rule":
+        try:
+            detail = generate_data(cfg)
+        except Exception as e:
+            pf.add("data", False, f"generating tasks failed: {e}", "fix the generation section or data paths")
+            return
+    else:
+        detail = "task files"
+    inventory = inventory_from_listing(pf.listing)
+    try:
+        pf.train_rows = load_tasks(cfg.data.train, inventory, "data.train")
+        if cfg.data.validation:
+            pf.validation_rows = load_tasks(cfg.data.validation, inventory, "data.validation")
+    except DataError as e:
+        pf.add("data", False, str(e), "fix or drop the rows named (python -m jobs.validate_tasks --in FILE)")
+        return
+    if len(pf.train_rows) < cfg.train.tasks_per_step:
+        pf.add(
+            "data",
+            False,
+            f"{len(pf.train_rows)} training tasks, fewer than train.tasks_per_step={cfg.train.tasks_per_step}",
+            "add tasks or lower train.tasks_per_step",
+        )
+        return
+    val = f", {len(pf.validation_rows)} validation" if cfg.data.validation else ", no validation split"
+    pf.add("data", True, f"{detail}: {len(pf.train_rows)} training tasks{val}; all pass the gate")
+
+
+# --------------------------------------------------------------------------- model, template
+
+
+def check_model(cfg: Config, pf: Preflight) -> None:
+    from transformers import AutoConfig
+
+    from actors.models import load_tokenizer, resolve_model
+
+    try:
+        folder = resolve_model(cfg.model.name, cfg.model.cache_dir)
+        model_cfg = AutoConfig.from_pretrained(folder)
+        pf.tokenizer = load_tokenizer(cfg.model)
+    except Exception as e:
+        pf.add("model", False, f"{cfg.model.name}: {e}", "set model.name to a local folder or a built-in")
+        return
+    weights = sorted(p.name for p in Path(folder).glob("*.safetensors")) or sorted(Path(folder).glob("*.bin"))
+    if not weights:
+        pf.add("model", False, f"{folder} has no weight files", "point model.name at a complete model folder")
+        return
+    if not pf.tokenizer.chat_template:
+        pf.add("model", False, f"{cfg.model.name} has no chat template", "choose an instruct/chat model")
+        return
+    pf.add("model", True, f"{cfg.model.name}: {model_cfg.model_type}, vocab {model_cfg.vocab_size}, at {folder}")
+
+
+def check_template(cfg: Config, pf: Preflight) -> None:
+    """Render the first task's prompt, tokenize it, and parse the expected first call back from tokens."""
+    from envs.parsing import ToolIndex, format_tool_call, parse_turn
+    from envs.prompting import render_prompt
+    from tasks.inventory import inventory_from_listing, inventory_tools_for_prompt
+
+    if pf.tokenizer is None or not pf.train_rows:
+        pf.add("chat template", False, "skipped: needs the model and the data", "fix the checks above")
+        return
+    row = pf.train_rows[0]
+    step = row["reward_spec"]["ground_truth"]["tool_sequence"][0]
+    servers = {s["server"] for s in row["reward_spec"]["ground_truth"]["tool_sequence"]}
+    try:
+        text = render_prompt(pf.tokenizer, list(row["prompt"]), inventory_tools_for_prompt(pf.listing, servers))
+        ids = pf.tokenizer(text, add_special_tokens=False)["input_ids"]
+        call = format_tool_call(f"{step['server']}.{step['tool']}", step["params"])
+        call_ids = pf.tokenizer(call, add_special_tokens=False)["input_ids"]
+        back = pf.tokenizer.decode(call_ids)
+        parsed = parse_turn(
+            back,
+            ToolIndex(inventory_from_listing(pf.listing)),
+            aliases=cfg.env.argument_aliases,
+            final_answer=cfg.env.final_answer,
+        )
+    except Exception as e:
+        pf.add("chat template", False, f"rendering task {row.get('extra_info', {}).get('task_id')}: {e}", "")
+        return
+    got = [(c.server, c.tool, c.arguments) for c in parsed.calls]
+    want = [(step["server"], step["tool"], step["params"])]
+    ok = got == want
+    pf.add(
+        "chat template",
+        ok,
+        f"prompt of {len(ids)} tokens; a tool call round-trips through the tokenizer"
+        if ok
+        else f"the call {call!r} came back as {got or parsed.errors}",
+        "" if ok else "the tokenizer does not round-trip tool-call text; check the model's tokenizer",
+    )
+
+
+# --------------------------------------------------------------------------- keys, servers
+
+
+def check_keys(cfg: Config, pf: Preflight) -> None:
+    from serve_apps.tool_pool import LIVE_KEYS
+
+    missing = []
+    for name in type(cfg.tools.servers).model_fields:
+        server = getattr(cfg.tools.servers, name)
+        if isinstance(server, LiveService) and server.enabled and server.backend == "live":
+            key = LIVE_KEYS.get(name)
+            if key and not os.environ.get(key):
+                missing.append(f"{key} (tools.servers.{name}.backend=live)")
+    if cfg.reward.backend != "heuristic":
+        judge = cfg.reward.judge.openai
+        if not judge.base_url and not os.environ.get(judge.api_key_env):
+            missing.append(f"{judge.api_key_env} (reward.backend={cfg.reward.backend})")
+    pf.add(
+        "API keys",
+        not missing,
+        "none missing" if not missing else "missing: " + ", ".join(missing),
+        "set them in the environment or .env (see .env.example), or use the offline backends",
+    )
+
+
+def check_servers(cfg: Config, pf: Preflight) -> None:
+    """Build each configured server in this process and list its tools."""
+    from serve_apps.tool_pool import LocalToolPool, make_host, server_specs
+
+    async def listing() -> tuple[dict[str, list[dict[str, Any]]], list[str]]:
+        hosts, errors = {}, []
+        for spec in server_specs(cfg.tools):
+            try:
+                hosts[spec.name] = await make_host(spec)
+            except Exception as e:
+                errors.append(f"{spec.name}: {type(e).__name__}: {e}")
+        pool = LocalToolPool(hosts)
+        try:
+            out = {}
+            for name in list(hosts):
+                try:
+                    out[name] = (await LocalToolPool({name: hosts[name]}).list_tools())[name]
+                except Exception as e:
+                    errors.append(f"{name}: {type(e).__name__}: {e}")
+            return out, errors
+        finally:
+            await pool.close()
+
+    pf.listing, errors = asyncio.run(listing())
+    detail = ", ".join(f"{name} ({len(tools)} tools)" for name, tools in pf.listing.items())
+    pf.add(
+        "MCP servers",
+        not errors and bool(pf.listing),
+        detail if not errors else "; ".join(errors),
+        "" if not errors else "fix the server's config (command, url, backend) or disable it",
+    )
+
+
+# --------------------------------------------------------------------------- all of it
+
+
+def run_preflight(cfg: Config) -> Preflight:
+    pf = Preflight()
+    check_resources(cfg, pf)
+    check_keys(cfg, pf)
+    check_servers(cfg, pf)
+    check_model(cfg, pf)
+    if pf.listing:
+        check_data(cfg, pf)
+    else:
+        pf.add("data", False, "skipped: no tool listing to check the tasks against", "fix the MCP servers first")
+    check_template(cfg, pf)
+    return pf
+
+
+def plan_lines(cfg: Config) -> list[str]:
+    from actors.engines import choose_backend
+
+    t = cfg.train
+    episodes = t.tasks_per_step * t.group_size
+    lines = [
+        f"fine-tune: {cfg.finetune.mode}"
+        + (f" (r={cfg.finetune.lora.r}, alpha={cfg.finetune.lora.alpha})" if cfg.finetune.mode == "lora" else ""),
+        f"rollout backend: {choose_backend(cfg)} ({cfg.rollout.engines} engines, {cfg.rollout.runners} runners, "
+        f"{cfg.rollout.mode}{', overlapped with training' if cfg.rollout.overlap else ''})",
+        f"learner: {cfg.learner.workers} × {cfg.learner.backend} worker(s), {cfg.learner.dtype}",
+        "resources: "
+        + "; ".join(f"{role} {r['CPU']:g} CPU/{r['GPU']:g} GPU" for role, r in role_resources(cfg).items()),
+        f"plan: {t.steps} GRPO steps × {t.tasks_per_step} tasks × {t.group_size} episodes = {episodes} episodes/step; "
+        f"{t.epochs} epoch(s) × {t.minibatches} minibatch(es) per step; advantage {cfg.algorithm.advantage}",
+    ]
+    if cfg.sft_warmup.enabled:
+        lines.append(f"warm start: {cfg.sft_warmup.steps} SFT steps × {cfg.sft_warmup.batch_size} expert trajectories")
+    evals = f"every {t.eval_every} steps" if t.eval_every else "at the start and the end"
+    lines.append(f"evaluation: {t.eval_tasks} validation tasks, greedy, {evals}" if cfg.data.validation else "")
+    ck = f"every {t.checkpoint_every} steps and at the end" if t.checkpoint_every else "at the end"
+    lines.append(f"checkpoints: {ck}, under {Path(t.output_dir) / cfg.run_name}")
+    return [line for line in lines if line]

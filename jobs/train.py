@@ -1,0 +1,403 @@
+"""The GRPO job driver: one iteration after another across Ray actors.
+
+    python -m jobs.train --config configs/X.yaml [--set k=v ...]          # preflight only: checks + plan
+    python -m jobs.train --config configs/X.yaml --run [--resume]        # train
+
+An iteration: sample B tasks → G episodes each (the runners, on the engines, with the tool pool on
+Serve) → drop and count infrastructure-failed episodes → advantages per group (grpo/) → the learner
+group trains → the new adapter (or weights) goes through the object store once and every engine
+confirms the new version → log → evaluate every k steps → checkpoint every k steps.
+
+With `sft_warmup.enabled` the run first evaluates the base model, trains the warm start, evaluates
+again, then runs GRPO and evaluates at the end: the report shows the three stages side by side.
+
+`--resume` continues from the newest checkpoint under <train.output_dir>/<run_name>/checkpoints: the
+learner's state, the step, the policy version and the evaluations so far; batches are a function of
+(seed, step), so the resumed run sees the data an unbroken one would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from configs.schema import Config, SamplingConfig
+from jobs.cli import base_parser, setup, usage_error
+
+log = logging.getLogger("mcprl.train")
+
+STAGES = ("base", "after warm start", "after GRPO")
+
+
+def run_dir_of(cfg: Config) -> Path:
+    return Path(cfg.train.output_dir) / cfg.run_name
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint (folders are renamed into place only when complete)."""
+    found = []
+    for p in (run_dir / "checkpoints").glob("step_*"):
+        if p.is_dir() and p.name[5:].isdigit():
+            found.append((int(p.name[5:]), p))
+    return max(found)[1] if found else None
+
+
+def step_seed(cfg: Config, step: int, salt: int = 0) -> int | None:
+    """Sampling seed of one step's rollouts: the runner derives one per episode and turn from it."""
+    base = cfg.rollout.sampling.seed
+    return None if base is None else (base * 1_000_003 + step * 7_919 + salt) % (2**31)
+
+
+def greedy(cfg: Config) -> SamplingConfig:
+    return cfg.rollout.sampling.model_copy(update={"temperature": 0.0, "top_p": 1.0, "seed": None})
+
+
+def to_samples(trajs: list[Any], advantages: list[float]) -> list[dict[str, Any]]:
+    return [
+        {
+            "prompt_ids": t.prompt_ids,
+            "response_ids": t.response_ids,
+            "loss_mask": t.loss_mask,
+            "rollout_logprobs": t.rollout_logprobs,
+            "advantage": float(a),
+        }
+        for t, a in zip(trajs, advantages, strict=True)
+    ]
+
+
+class Driver:
+    """Owns the run's actors and state; `run()` is the whole job."""
+
+    def __init__(self, cfg: Config, pf: Any, run_dir: Path, resume: bool) -> None:
+        self.cfg = cfg
+        self.pf = pf
+        self.run_dir = run_dir
+        self.resume = resume
+        self.version = 0
+        self.step = 0
+        self.evals: dict[str, dict[str, Any]] = {}
+        self.health: list[str] = []
+        self.pool: Any = None
+        self.rollout: Any = None
+        self.learner: Any = None
+        self.judge: Any = None
+        self.tracker: Any = None
+
+    # ------------------------------------------------------------------ the job
+
+    async def run(self) -> dict[str, Any]:
+        from cluster.learner_group import LearnerGroup
+
+        from cluster.rollout_group import RolloutGroup
+        from grpo.health import HealthMonitor
+        from jobs.tracking import Tracker
+        from serve_apps.tool_pool import deploy_pool
+        from tasks.dataset import TaskSampler
+
+        cfg = self.cfg
+        t_start = time.perf_counter()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        ckpt = latest_checkpoint(self.run_dir) if self.resume else None
+        if self.resume and ckpt is None:
+            log.warning("--resume: no checkpoint under %s; starting from scratch", self.run_dir / "checkpoints")
+        self.tracker = Tracker(cfg, self.run_dir, resume=ckpt is not None)
+        (self.run_dir / "config.json").write_text(json.dumps(cfg.model_dump(mode="json"), indent=2))
+        monitor = HealthMonitor()
+        sampler = TaskSampler(self.pf.train_rows, cfg.train.tasks_per_step, cfg.train.seed)
+
+        print("deploying the MCP tool pool on Ray Serve", flush=True)
+        self.pool = deploy_pool(cfg.tools)
+        self._deploy_judge()
+        print(f"starting {cfg.rollout.engines} rollout engine(s) and {cfg.rollout.runners} runner(s)", flush=True)
+        self.rollout = RolloutGroup(cfg, self.pool)
+        await self.rollout.start()
+
+        learner_cfg = cfg
+        if ckpt is None and cfg.sft_warmup.enabled and cfg.finetune.mode == "lora":
+            await self._evaluate("base")
+            learner_cfg = await self._warm_start()
+        print(f"starting the learner group ({cfg.learner.workers} worker(s))", flush=True)
+        self.learner = LearnerGroup(learner_cfg)
+        info = await asyncio.to_thread(self.learner.start)
+        log.info("learner: %s", info)
+
+        if ckpt is not None:
+            extra = await asyncio.to_thread(self.learner.load_checkpoint, str(ckpt))
+            self.step, self.version = int(extra["step"]), int(extra["version"])
+            self.evals = dict(extra.get("evals", {}))
+            print(f"resumed from {ckpt} at step {self.step} (policy v{self.version})", flush=True)
+            if self.version > 0:
+                await self._push(self.version)
+        elif learner_cfg is not cfg:  # the warm start's adapter becomes policy v1 on the engines
+            await self._push(1)
+            await self._evaluate("after warm start")
+        elif cfg.data.validation:
+            await self._evaluate("base")
+
+        pending = None  # overlap: the next step's rollout, running while this step trains
+        while self.step < cfg.train.steps:
+            step = self.step
+            t0 = time.perf_counter()
+            with self.tracker.phase("rollout"):
+                if pending is not None:
+                    trajs = await pending
+                else:
+                    trajs = await self._rollout(sampler.batch(step), step)
+                pending = None
+                if cfg.rollout.overlap and step + 1 < cfg.train.steps:
+                    pending = asyncio.ensure_future(self._rollout(sampler.batch(step + 1), step + 1))
+            metrics = await self._train_on(trajs, sampler.batch(step))
+            metrics["timing/step_s"] = time.perf_counter() - t0
+            findings = monitor.check(step, {k.split("/", 1)[-1]: v for k, v in metrics.items()})
+            for f in findings:
+                log.warning("health: %s", f)
+                self.health.append(f"step {step + 1}: {f}")
+            self.step = step + 1
+            if cfg.data.validation and cfg.train.eval_every and self.step % cfg.train.eval_every == 0:
+                if self.step < cfg.train.steps:
+                    metrics.update({f"eval/{k}": v for k, v in (await self._eval_metrics()).items()})
+            self.tracker.log(self.step, metrics)
+            if cfg.logging.sample_trajectories:
+                from actors.rollout_metrics import sample_rows
+
+                self.tracker.log_table(self.step, "trajectories", sample_rows(trajs, cfg.logging.sample_trajectories))
+            print(self.tracker.summary_line(self.step, metrics), flush=True)
+            if cfg.train.checkpoint_every and self.step % cfg.train.checkpoint_every == 0:
+                await self._checkpoint()
+        if pending is not None:
+            pending.cancel()
+
+        if cfg.train.steps and (not cfg.train.checkpoint_every or self.step % cfg.train.checkpoint_every):
+            await self._checkpoint()
+        await self._evaluate("after GRPO" if cfg.sft_warmup.enabled else "final")
+        adapter = None
+        if cfg.finetune.mode == "lora":
+            adapter = self.run_dir / "final_adapter"
+            await asyncio.to_thread(self.learner.save_adapter, str(adapter))
+            self.tracker.log_artifact(adapter, f"{cfg.run_name}-adapter", "lora_adapter")
+        from jobs.report import write_report
+
+        wall = time.perf_counter() - t_start
+        report = write_report(
+            self.run_dir,
+            self.tracker.history(),
+            self.evals,
+            adapter=adapter,
+            extra={"health": self.health, "wall_time_s": wall, "steps": self.step},
+        )
+        return {"report": report, "evals": self.evals, "wall_time_s": wall, "adapter": adapter}
+
+    async def close(self) -> None:
+        from serve_apps.tool_pool import undeploy_pool
+
+        for what, stop in (
+            ("rollout", lambda: self.rollout and self.rollout.shutdown()),
+            ("learner", lambda: self.learner and asyncio.to_thread(self.learner.shutdown)),
+        ):
+            try:
+                awaitable = stop()
+                if awaitable:
+                    await awaitable
+            except Exception as e:  # stopping one role must not keep the others running
+                log.warning("stopping the %s failed: %s", what, e)
+        if self.judge is not None:
+            from serve_apps.judge import undeploy_judge
+
+            undeploy_judge(self.judge)
+        if self.pool is not None:
+            undeploy_pool(self.pool)
+        if self.tracker is not None:
+            self.tracker.finish()
+
+    # ------------------------------------------------------------------ pieces
+
+    def _deploy_judge(self) -> None:
+        if self.cfg.reward.backend == "heuristic":
+            return
+        from serve_apps.judge import deploy_judge
+
+        if self.cfg.reward.judge.serve:
+            self.judge = deploy_judge(self.cfg.reward)
+
+    async def _rollout(self, tasks: list[dict[str, Any]], step: int) -> list[Any]:
+        sampling = self.cfg.rollout.sampling.model_copy(update={"seed": step_seed(self.cfg, step)})
+        return await self.rollout.run(tasks, self.cfg.train.group_size, sampling=sampling)
+
+    async def _train_on(self, trajs: list[Any], tasks: list[dict[str, Any]]) -> dict[str, float]:
+        from actors.rollout_metrics import rollout_metrics
+        from grpo.advantages import group_advantages
+
+        cfg = self.cfg
+        metrics: dict[str, float] = {f"rollout/{k}": v for k, v in rollout_metrics(trajs).items()}
+        stats = self.rollout.stats() if hasattr(self.rollout, "stats") else {}
+        if isinstance(stats, dict) and "tokens_per_s" in stats:
+            metrics["rollout/tokens_per_s"] = float(stats["tokens_per_s"])
+        kept = [t for t in trajs if not t.infra_fault]
+        metrics["rollout/dropped_infra"] = float(len(trajs) - len(kept))
+        if cfg.reward.backend == "group_judge":
+            kept = await self._group_judge(kept, tasks)
+        if not kept:
+            log.warning("step %d: every episode failed for infrastructure reasons; nothing to train on", self.step + 1)
+            return metrics
+        with self.tracker.phase("reward"):
+            adv, adv_stats = group_advantages(
+                [t.reward for t in kept],
+                [t.group_id for t in kept],
+                method=cfg.algorithm.advantage,
+                std_normalize=cfg.algorithm.std_normalize,
+            )
+        metrics.update({f"adv/{k}": float(v) for k, v in adv_stats.items()})
+        with self.tracker.phase("train"):
+            train = await asyncio.to_thread(self.learner.train_step, to_samples(kept, adv.tolist()))
+        metrics.update({f"train/{k}": float(v) for k, v in train.items()})
+        self.version += 1
+        with self.tracker.phase("sync"):
+            push = await self._push(self.version)
+        metrics["sync/latency_s"] = float(push.get("latency_s", math.nan))
+        return metrics
+
+    async def _group_judge(self, trajs: list[Any], tasks: list[dict[str, Any]]) -> list[Any]:
+        """group_judge: one judge call per group scores its episodes; groups it cannot score are dropped."""
+        from envs.judge import group_judge
+
+        groups: dict[int, list[Any]] = {}
+        for t in trajs:
+            groups.setdefault(t.group_id, []).append(t)
+        kept = []
+        for group_id, members in groups.items():
+            gt = tasks[group_id]["reward_spec"]["ground_truth"]
+            scores = await group_judge([t.messages for t in members], gt)
+            if scores is None:
+                continue
+            for t, s in zip(members, scores, strict=True):
+                t.reward = float(s)
+            kept += members
+        return kept
+
+    async def _push(self, version: int) -> dict[str, Any]:
+        if self.cfg.finetune.mode == "lora":
+            ref = await asyncio.to_thread(self.learner.export_adapter_ref)
+            return await self.rollout.push_adapter(version, ref)
+        refs = await asyncio.to_thread(self.learner.export_weights_refs)
+        return await self.rollout.push_weights(version, refs)
+
+    async def _warm_start(self) -> Config:
+        """Train the warm start in a one-worker Ray task and start the learner group from its adapter."""
+        import ray
+
+        from jobs.sft import run_sft
+
+        cfg = self.cfg
+        out = self.run_dir / "sft"
+        print(f"warm start: {cfg.sft_warmup.steps} SFT steps on expert trajectories", flush=True)
+        task = ray.remote(num_cpus=cfg.learner.num_cpus_per_worker, num_gpus=cfg.learner.num_gpus_per_worker)(_sft_task)
+        result = await task.remote(cfg, self.pf.train_rows, str(out), run_sft)
+        self.tracker.log(0, {"sft/final_loss": result["losses"][-1], "sft/tokens_per_s": result["tokens_per_s"]})
+        print(
+            f"warm start done: loss {result['losses'][0]:.3f} → {result['losses'][-1]:.3f}, "
+            f"{result['trajectories']} expert trajectories ({result['skipped']} skipped)",
+            flush=True,
+        )
+        learner_cfg = cfg.model_copy(deep=True)
+        learner_cfg.finetune.init_adapter = str(result["adapter"])
+        return learner_cfg
+
+    async def _eval_metrics(self) -> dict[str, Any]:
+        from jobs.evaluate import evaluate_rows
+
+        rows = self.pf.validation_rows[: self.cfg.train.eval_tasks]
+        return await evaluate_rows(self.rollout, rows, greedy(self.cfg))
+
+    async def _evaluate(self, stage: str) -> None:
+        if not self.cfg.data.validation:
+            return
+        with self.tracker.phase(f"eval {stage}"):
+            result = await self._eval_metrics()
+        self.evals[stage] = result
+        self.tracker.log(self.step, {f"eval/{k}": v for k, v in result.items() if isinstance(v, int | float)})
+        print(
+            f"eval [{stage}] success {result['success_rate']:.1%}, mean reward {result['mean_reward']:.3f}, "
+            f"turns {result['turns']:.2f} on {result['tasks']} held-out tasks",
+            flush=True,
+        )
+
+    async def _checkpoint(self) -> None:
+        folder = self.run_dir / "checkpoints" / f"step_{self.step}"
+        extra = {"step": self.step, "version": self.version, "evals": self.evals}
+        await asyncio.to_thread(self.learner.save_checkpoint, str(folder), extra)
+        log.info("checkpoint: %s", folder)
+
+
+def _sft_task(cfg: Config, rows: list[dict[str, Any]], out: str, run_sft: Any) -> dict[str, Any]:
+    result = run_sft(cfg, rows, out, progress=False)
+    result["adapter"] = str(result["adapter"])
+    return result
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def print_preflight(pf: Any, cfg: Config) -> None:
+    from jobs.preflight import plan_lines
+
+    print("preflight:")
+    for c in pf.checks:
+        print(f"  [{'ok' if c.ok else 'FAIL'}] {c.name}: {c.detail}")
+        if not c.ok and c.fix:
+            print(f"         fix: {c.fix}")
+    if pf.ok:
+        print("plan:")
+        for line in plan_lines(cfg):
+            print(f"  {line}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = base_parser(__doc__.splitlines()[0])
+    p.add_argument("--run", action="store_true", help="train (without it: preflight checks and the plan only)")
+    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint of this run")
+    args = p.parse_args(argv)
+    cfg = setup(args)
+    if args.resume and not args.run:
+        usage_error("--resume needs --run")
+    from jobs.preflight import run_preflight
+
+    pf = run_preflight(cfg)
+    print_preflight(pf, cfg)
+    if not pf.ok:
+        print(f"preflight failed: {len(pf.failures())} check(s); nothing was started", file=sys.stderr)
+        sys.exit(1)
+    if not args.run:
+        print("preflight passed; add --run to train")
+        return
+    from cluster.ray_env import ray_session
+
+    run_dir = run_dir_of(cfg)
+    if not args.resume and (run_dir / "checkpoints").exists() and any((run_dir / "checkpoints").iterdir()):
+        usage_error(f"{run_dir} already holds checkpoints: add --resume, or choose another run_name")
+    if not args.resume and run_dir.exists():
+        shutil.rmtree(run_dir)  # a fresh run leaves nothing from an earlier, checkpoint-less one
+    with ray_session(cfg.cluster):
+        driver = Driver(cfg, pf, run_dir, args.resume)
+
+        async def go() -> dict[str, Any]:
+            try:
+                return await driver.run()
+            finally:
+                await driver.close()
+
+        result = asyncio.run(go())
+    stages = ", ".join(f"{stage} {e['success_rate']:.1%}" for stage, e in result["evals"].items())
+    if stages:
+        print(f"success rate on held-out tasks: {stages}")
+    print(f"report: {result['report']}  (wall time {result['wall_time_s'] / 60:.1f} min)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""Training data for a run: load the task files, send them through the gate, and sample batches.
+
+The gate is the one `jobs.validate_tasks` applies (schema, tool inventory, params, duplicate ids):
+a run refuses data with errors before any actor starts, naming the file, the row and the problem.
+
+Batches are a pure function of (seed, step): the rows are shuffled once per epoch with
+`Random(f"{seed}|epoch{e}")` and read as one stream, so step k always gets the same tasks. The data
+position a checkpoint needs is just the step; a resumed run sees the batches an unbroken run would.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tasks.inventory import Inventory
+from tasks.io import TaskFileError, read_rows
+from tasks.validate import validate_rows
+
+MAX_ISSUES_SHOWN = 10
+
+
+class DataError(ValueError):
+    """Task data that cannot be trained on; the message names the file and the rows."""
+
+
+def load_tasks(path: str | Path, inventory: Inventory, what: str = "data.train") -> list[dict[str, Any]]:
+    """The rows of `path` once they pass the gate; DataError otherwise (nothing is dropped silently)."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{what}: no such task file {path}")
+    try:
+        rows = read_rows(path)
+    except TaskFileError as e:
+        raise DataError(f"{what}: {e}") from None
+    if not rows:
+        raise DataError(f"{what}: {path} holds no rows")
+    report = validate_rows(rows, inventory)
+    if report.errors:
+        shown = "\n".join(f"  {issue}" for issue in report.errors[:MAX_ISSUES_SHOWN])
+        more = len(report.errors) - MAX_ISSUES_SHOWN
+        raise DataError(
+            f"{what}: {path} fails validation with {len(report.errors)} errors:\n{shown}"
+            + (f"\n  ... and {more} more" if more > 0 else "")
+            + f"\n(see: python -m jobs.validate_tasks --in {path})"
+        )
+    return rows
+
+
+@dataclass
+class TaskSampler:
+    """B tasks per step from an endless, epoch-wise shuffled stream of `rows`."""
+
+    rows: list[dict[str, Any]]
+    batch_size: int
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.rows:
+            raise DataError("no tasks to sample from")
+        self._orders: dict[int, list[int]] = {}
+
+    def _order(self, epoch: int) -> list[int]:
+        if epoch not in self._orders:
+            order = list(range(len(self.rows)))
+            random.Random(f"{self.seed}|epoch{epoch}").shuffle(order)
+            self._orders = {epoch: order}  # one epoch at a time is all a step needs (plus the next)
+        return self._orders[epoch]
+
+    def batch(self, step: int) -> list[dict[str, Any]]:
+        """The tasks of `step` (0-based); the same for the same (rows, batch_size, seed, step)."""
+        n = len(self.rows)
+        start = step * self.batch_size
+        out = []
+        for position in range(start, start + self.batch_size):
+            epoch, index = divmod(position, n)
+            out.append(self.rows[self._order(epoch)[index]])
+        return out

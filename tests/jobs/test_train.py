@@ -1,0 +1,150 @@
+"""The driver end to end on configs/ci-tiny.yaml, each run in its own process with its own embedded Ray
+(as a user runs it): preflight, a 2-step run, kill-and-resume equal to an unbroken run, and runs that
+must stop before any actor starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+ROOT = Path(__file__).resolve().parents[2]
+TIMEOUT_S = 420
+
+
+def train(tmp: Path, *extra: str, data: Path | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    data = data or tmp / "data"
+    cmd = [
+        sys.executable,
+        "-m",
+        "jobs.train",
+        "--config",
+        "configs/ci-tiny.yaml",
+        "--set",
+        f"train.output_dir={tmp / 'runs'}",
+        "--set",
+        f"data.train={data / 'tasks.train.jsonl'}",
+        "--set",
+        f"data.validation={data / 'tasks.validation.jsonl'}",
+        # one request per batch: tokens depend only on (weights, prompt, seed), so runs can be compared
+        "--set",
+        "rollout.hf_max_batch_size=1",
+        *extra,
+    ]
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_API_KEY": ""}
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
+    if check and proc.returncode != 0:
+        tail = f"--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-6000:]}"
+        raise AssertionError(f"exit {proc.returncode}\n{tail}")
+    return proc
+
+
+def history(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def step_metrics(run_dir: Path, step: int) -> dict:
+    rows = [r for r in history(run_dir) if r["step"] == step and "train/policy_loss" in r]
+    assert len(rows) == 1, f"step {step}: {len(rows)} training rows in {run_dir / 'metrics.jsonl'}"
+    return rows[0]
+
+
+@pytest.fixture(scope="module")
+def unbroken(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("unbroken")
+    train(tmp, "--run")
+    return tmp / "runs" / "ci-tiny"
+
+
+def test_preflight_prints_the_plan_and_starts_nothing(tmp_path: Path) -> None:
+    proc = train(tmp_path)
+    assert "preflight passed" in proc.stdout
+    for check in ("resources", "API keys", "MCP servers", "model", "data", "chat template"):
+        assert f"[ok] {check}" in proc.stdout
+    assert "fine-tune: lora" in proc.stdout and "rollout backend: hf" in proc.stdout
+    assert not (tmp_path / "runs").exists()
+
+
+def test_two_steps_write_checkpoints_metrics_wandb_and_a_report(unbroken: Path) -> None:
+    assert sorted(p.name for p in (unbroken / "checkpoints").iterdir()) == ["step_1", "step_2"]
+    for step in (1, 2):
+        m = step_metrics(unbroken, step)
+        for key in ("train/policy_loss", "train/kl", "train/grad_norm", "train/lr", "rollout/episode_reward"):
+            assert key in m and m[key] == m[key], key  # present and not NaN
+    evals = [r for r in history(unbroken) if "eval/success_rate" in r]
+    assert len(evals) == 2  # at the start and at the end
+    assert list((unbroken / "wandb").glob("offline-run-*")), "no offline W&B run written"
+    assert (unbroken / "report" / "summary.md").is_file()
+    assert (unbroken / "final_adapter" / "adapter_model.safetensors").is_file()
+
+
+def test_kill_and_resume_ends_where_an_unbroken_run_ends(unbroken: Path, tmp_path: Path) -> None:
+    data = unbroken.parent.parent / "data"  # same task files as the unbroken run
+    run_dir = tmp_path / "runs" / "ci-tiny"
+    cmd = [
+        sys.executable,
+        "-m",
+        "jobs.train",
+        "--config",
+        "configs/ci-tiny.yaml",
+        "--set",
+        f"train.output_dir={tmp_path / 'runs'}",
+        "--set",
+        f"data.train={data / 'tasks.train.jsonl'}",
+        "--set",
+        f"data.validation={data / 'tasks.validation.jsonl'}",
+        "--set",
+        "rollout.hf_max_batch_size=1",
+        "--run",
+    ]
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_API_KEY": ""}
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    deadline = time.monotonic() + TIMEOUT_S
+    try:
+        while not (run_dir / "checkpoints" / "step_1").is_dir():
+            assert proc.poll() is None, "the run ended before its first checkpoint"
+            assert time.monotonic() < deadline, "no checkpoint in time"
+            time.sleep(0.5)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the driver and the embedded Ray it started, all at once
+        proc.wait()
+    assert not (run_dir / "checkpoints" / "step_2").exists(), "killed too late to test a resume"
+
+    train(tmp_path, "--run", "--resume", data=data)
+    for key in ("train/policy_loss", "rollout/episode_reward", "train/grad_norm"):
+        assert step_metrics(run_dir, 2)[key] == pytest.approx(step_metrics(unbroken, 2)[key], rel=1e-5, abs=1e-7)
+    a = load_file(str(unbroken / "final_adapter" / "adapter_model.safetensors"))
+    b = load_file(str(run_dir / "final_adapter" / "adapter_model.safetensors"))
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-7)
+
+
+def test_a_bad_config_stops_before_anything_starts(tmp_path: Path) -> None:
+    proc = train(tmp_path, "--set", "train.group_size=1", "--run", check=False)
+    assert proc.returncode == 2
+    assert "train.group_size" in proc.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_bad_task_file_stops_before_anything_starts(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    bad = {"data_source": "x", "env_class": "mcp_tool_env", "prompt": [], "reward_spec": {}, "extra_info": {}}
+    (data / "tasks.train.jsonl").write_text(json.dumps(bad) + "\n")
+    (data / "tasks.validation.jsonl").write_text(json.dumps(bad) + "\n")
+    proc = train(tmp_path, "--run", data=data, check=False)
+    assert proc.returncode == 1
+    assert "[FAIL] data" in proc.stdout and "row 1" in proc.stdout
+    assert "nothing was started" in proc.stderr
+    assert not (tmp_path / "runs").exists()
