@@ -48,9 +48,13 @@ async def evaluate_rows(rollout: Any, rows: list[dict[str, Any]], sampling: Samp
         "infra_faults": int(m.get("infra_faults", 0)),
         "tool_errors": tool_error_rates(trajs),
         "per_task": [
-            {"task_id": t.task_id, "reward": t.reward, "turns": t.turns, "success": bool(t.tool_stats.get(k))}
+            {
+                "task_id": t.task_id,
+                "reward": t.reward,
+                "turns": t.turns,
+                "success": bool(t.tool_stats.get("task_complete")),
+            }
             for t in trajs
-            for k in ["task_complete"]
         ],
     }
 
