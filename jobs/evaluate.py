@@ -20,7 +20,7 @@ from configs.schema import SamplingConfig
 from jobs.cli import base_parser, setup, usage_error
 
 
-def tool_error_rates(trajs: list[Any]) -> dict[str, dict[str, float]]:
+def tool_calls(trajs: list[Any]) -> dict[str, dict[str, float]]:
     """Per tool name: calls and the fraction that failed (any error kind)."""
     calls: Counter[str] = Counter()
     errors: Counter[str] = Counter()
@@ -46,7 +46,9 @@ async def evaluate_rows(rollout: Any, rows: list[dict[str, Any]], sampling: Samp
         "tool_success_rate": float(m.get("tool_success_rate", 0.0)),
         "parse_failure_rate": float(m.get("parse_failure_rate", 0.0)),
         "infra_faults": int(m.get("infra_faults", 0)),
-        "tool_errors": tool_error_rates(trajs),
+        "episodes": len(trajs),
+        "tool_calls": (calls := tool_calls(trajs)),
+        "tool_error_rates": {name: c["error_rate"] for name, c in calls.items()},
         "per_task": [
             {
                 "task_id": t.task_id,
@@ -120,7 +122,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"  mean reward   {result['mean_reward']:.3f}")
     print(f"  mean turns    {result['turns']:.2f}")
     print(f"  parse failures per turn {result['parse_failure_rate']:.2f}; infra faults {result['infra_faults']}")
-    for name, s in result["tool_errors"].items():
+    for name, s in result["tool_calls"].items():
         print(f"  {name:40s} {s['calls']:4d} calls, {s['error_rate']:.0%} errors")
     out = Path(args.out) if args.out else Path(args.tasks).with_suffix(".eval.json")
     out.write_text(json.dumps(result, indent=2))

@@ -94,7 +94,6 @@ class Driver:
 
     async def run(self) -> dict[str, Any]:
         from cluster.learner_group import LearnerGroup
-
         from cluster.rollout_group import RolloutGroup
         from grpo.health import HealthMonitor
         from jobs.tracking import Tracker
@@ -107,7 +106,10 @@ class Driver:
         ckpt = latest_checkpoint(self.run_dir) if self.resume else None
         if self.resume and ckpt is None:
             log.warning("--resume: no checkpoint under %s; starting from scratch", self.run_dir / "checkpoints")
-        self.tracker = Tracker(cfg, self.run_dir, resume=ckpt is not None)
+        if ckpt is not None:  # the steps after the checkpoint are redone: their old log lines go
+            self.tracker = Tracker(cfg, self.run_dir, resume=True, start_step=int(ckpt.name[5:]) + 1)
+        else:
+            self.tracker = Tracker(cfg, self.run_dir)
         (self.run_dir / "config.json").write_text(json.dumps(cfg.model_dump(mode="json"), indent=2))
         monitor = HealthMonitor()
         sampler = TaskSampler(self.pf.train_rows, cfg.train.tasks_per_step, cfg.train.seed)
@@ -168,7 +170,7 @@ class Driver:
                 from actors.rollout_metrics import sample_rows
 
                 self.tracker.log_table(self.step, "trajectories", sample_rows(trajs, cfg.logging.sample_trajectories))
-            print(self.tracker.summary_line(self.step, metrics), flush=True)
+            self.tracker.write(self.tracker.summary_line(self.step, metrics))
             if cfg.train.checkpoint_every and self.step % cfg.train.checkpoint_every == 0:
                 await self._checkpoint()
         if pending is not None:
@@ -318,7 +320,7 @@ class Driver:
     async def _evaluate(self, stage: str) -> None:
         if not self.cfg.data.validation:
             return
-        with self.tracker.phase(f"eval {stage}"):
+        with self.tracker.phase("eval"):
             result = await self._eval_metrics()
         self.evals[stage] = result
         self.tracker.log(self.step, {f"eval/{k}": v for k, v in result.items() if isinstance(v, int | float)})
