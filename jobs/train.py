@@ -157,7 +157,7 @@ class Driver:
                     pending = asyncio.ensure_future(self._rollout(sampler.batch(step + 1), step + 1))
             metrics = await self._train_on(trajs, sampler.batch(step))
             metrics["timing/step_s"] = time.perf_counter() - t0
-            findings = monitor.check(step, {k.split("/", 1)[-1]: v for k, v in metrics.items()})
+            findings = monitor.check(step + 1, {k.split("/", 1)[-1]: v for k, v in metrics.items()})
             for f in findings:
                 log.warning("health: %s", f)
                 self.health.append(f"step {step + 1}: {f}")
