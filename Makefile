@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint bench sandbox clean
+.PHONY: install demo demo-tools test lint bench sandbox clean
 
 install: $(STAMP)
 
@@ -29,7 +29,12 @@ sandbox:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq bubblewrap; }
 
+# The main job: SmolLM2-135M learns MCP tool use (base → warm start → GRPO), ~20 min on 2 cores.
 demo: install sandbox
+	$(PY) -m jobs.train --config configs/demo-cpu.yaml --run --fresh
+
+# The tool pool alone: one scripted episode over MCP across all five servers (~25 s).
+demo-tools: install sandbox
 	$(PY) -m jobs.demo
 
 test: install sandbox
@@ -42,6 +47,8 @@ lint: install
 bench: install sandbox
 	$(PY) -m jobs.benchmark --suite tools
 	$(PY) -m jobs.benchmark --suite env
+	$(PY) -m jobs.benchmark --suite rollout
+	$(PY) -m jobs.benchmark --suite train
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

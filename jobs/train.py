@@ -364,10 +364,13 @@ def main(argv: list[str] | None = None) -> None:
     p = base_parser(__doc__.splitlines()[0])
     p.add_argument("--run", action="store_true", help="train (without it: preflight checks and the plan only)")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint of this run")
+    p.add_argument("--fresh", action="store_true", help="start over: delete this run's folder (checkpoints included)")
     args = p.parse_args(argv)
     cfg = setup(args)
     if args.resume and not args.run:
         usage_error("--resume needs --run")
+    if args.resume and args.fresh:
+        usage_error("--resume and --fresh contradict each other")
     from jobs.preflight import run_preflight
 
     pf = run_preflight(cfg)
@@ -381,8 +384,8 @@ def main(argv: list[str] | None = None) -> None:
     from cluster.ray_env import ray_session
 
     run_dir = run_dir_of(cfg)
-    if not args.resume and (run_dir / "checkpoints").exists() and any((run_dir / "checkpoints").iterdir()):
-        usage_error(f"{run_dir} already holds checkpoints: add --resume, or choose another run_name")
+    if latest_checkpoint(run_dir) is not None and not (args.resume or args.fresh):
+        usage_error(f"{run_dir} already holds checkpoints: add --resume, or --fresh to start over")
     if not args.resume and run_dir.exists():
         shutil.rmtree(run_dir)  # a fresh run leaves nothing from an earlier, checkpoint-less one
     with ray_session(cfg.cluster):
