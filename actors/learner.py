@@ -1,0 +1,881 @@
+"""The learner: one rank of the training group (a plain class; cluster/learner_group.py makes it a Ray actor).
+
+One GRPO iteration (`train_step`) on this rank's share of the batch:
+
+1. Score, once, with no gradient: old_t = log π_old(token) (the policy before this iteration's updates),
+   ref_t = log π_ref(token) when `algorithm.kl_coef > 0`, and the entropy of π_old as a metric.
+2. For each epoch, for each of `train.minibatches` slices: micro-batches of at most
+   `learner.micro_batch_tokens` padded tokens (grpo.batch.split_by_tokens), gradients accumulated,
+       L = Σ_micro Σ_tokens ℓ_t / N_minibatch        (grpo.losses.policy_loss)
+   where N_minibatch is the minibatch's masked token (or sequence) count summed over all ranks, so the
+   micro-batch losses of all ranks add up to the minibatch mean. The gradient norm is clipped to
+   `learner.optim.grad_clip`, then one optimizer and one scheduler step.
+3. The reference moves per `learner.reference`: fixed; periodic (copied from the policy every
+   `reference_every` iterations); ema (ref ← a·ref + (1−a)·policy after each iteration).
+
+Collectives: every rank runs the same number of forwards and backwards (the largest micro-batch count
+of any rank; the others run empty micro-batches with a zero mask), or the sharded model's gathers hang.
+
+The reference: LoRA → the same model with the adapter disabled (no memory), or, when it must move or
+start from `finetune.init_adapter`, a second frozen adapter "reference" (adapter-sized); full fine-tune
+→ a frozen copy of the model (sharded like the policy, or whole on the CPU with `reference_cpu_offload`).
+
+Precision: what trains is kept in float32 (full mode: the whole model; LoRA: the adapter, over a frozen
+base in `learner.dtype`); the forward computes in `learner.dtype` (see actors/sharding.py).
+
+Checkpoints are folders: `state/` (torch.distributed.checkpoint: trained parameters + optimizer, any world
+size), `rng-<rank>.pt`, `trainer.pt` (scheduler, counters), `meta.json` (mode, counters, the caller's
+`extra`), and for LoRA `adapter/` (PEFT format). They are written to a temporary folder and renamed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from configs.schema import Config
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from actors.sharding import ShardingBackend
+    from grpo.batch import Sample
+
+log = logging.getLogger(__name__)
+
+_ADAPTER = "default"  # PEFT's name of the trained adapter
+_REF_ADAPTER = "reference"  # the frozen copy used as KL reference when it must move
+_CKPT_FORMAT = 1
+
+
+class CheckpointError(ValueError):
+    """A folder that is not a (compatible) learner checkpoint."""
+
+
+class Learner:
+    """One rank of the learner group. See the module docstring for the contract."""
+
+    def __init__(
+        self, cfg: Config, rank: int = 0, world_size: int = 1, master_addr: str = "127.0.0.1", master_port: int = 0
+    ) -> None:
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"Learner: rank {rank} is not in a group of world_size {world_size}")
+        if world_size > 1 and not master_addr.startswith("file://") and not 0 < master_port < 65536:
+            raise ValueError(f"Learner: world_size {world_size} needs a master_port (got {master_port})")
+        self.cfg = cfg
+        self.rank = rank
+        self.world_size = world_size
+        self.master_addr = master_addr
+        self.master_port = master_port
+        self.lora = cfg.finetune.mode == "lora"
+        self.model: Any = None
+        self.reference: Any = None  # full mode: the frozen copy
+        self.ref_kind = "none"  # none | disabled_adapter | adapter | model | offloaded_model
+        self.backend: ShardingBackend | None = None
+        self.optimizer: Any = None
+        self.scheduler: Any = None
+        self._sft_optimizer: Any = None
+        self.device: torch.device | None = None
+        self.pad_id = 0
+        self.step = 0  # optimizer steps of RL training
+        self.iteration = 0  # train_step calls
+        self._trainable: list[torch.Tensor] = []
+
+    # ------------------------------------------------------------------ setup
+
+    def setup(self) -> dict[str, Any]:
+        """Join the process group, load and shard the model, build optimizer and schedule."""
+        import torch
+
+        from actors.models import load_tokenizer
+        from actors.sharding import make_backend
+
+        t0 = time.monotonic()
+        self.device = self._pick_device()
+        if self.device.type == "cpu":
+            # Ray sets OMP_NUM_THREADS=1 for actors with fractional CPUs, which makes CPU training crawl:
+            # share the machine's cores among the ranks instead.
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.world_size))
+        if self.world_size > 1:
+            self._init_process_group()
+        dtype = getattr(torch, self.cfg.learner.dtype)
+        self.backend = make_backend(
+            self.cfg.learner.backend, world_size=self.world_size, rank=self.rank, device=self.device, dtype=dtype
+        )
+        tokenizer = load_tokenizer(self.cfg.model)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.pad_id = int(pad or 0)
+
+        torch.manual_seed(self.cfg.train.seed)  # the same adapter init on every rank, before sharding
+        model = self._build_policy()
+        self.model = self.backend.wrap(model)
+        if self.cfg.algorithm.kl_coef > 0 and not self.lora:
+            self._build_reference_model()
+        torch.manual_seed(self.cfg.train.seed + 1000 * self.rank)  # dropout etc. differ per rank
+
+        self._trainable = [p for p in self.model.parameters() if p.requires_grad]
+        if not self._trainable:
+            raise ValueError("Learner: the model has no trainable parameters (check finetune.lora.target_modules)")
+        self.optimizer = self._adamw(self.cfg.learner.optim.lr)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+        n_params = sum(self._numel(p) for p in self.model.parameters())
+        n_train = sum(self._numel(p) for p in self._trainable)
+        log.info(
+            "learner %d/%d: %s (%s) on %s, %d params (%d trainable), reference %s, %.1f s",
+            self.rank,
+            self.world_size,
+            self.cfg.model.name,
+            self.cfg.finetune.mode,
+            self.device,
+            n_params,
+            n_train,
+            self.ref_kind,
+            time.monotonic() - t0,
+        )
+        return {
+            "params": n_params,
+            "trainable": n_train,
+            "device": str(self.device),
+            "world_size": self.world_size,
+            "backend": self.backend.name,
+            "reference": self.ref_kind,
+            "setup_s": time.monotonic() - t0,
+        }
+
+    def close(self) -> None:
+        """Leave the process group (the actor may stay alive)."""
+        import torch.distributed as dist
+
+        if self.world_size > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+
+    def _pick_device(self) -> torch.device:
+        import torch
+
+        if not torch.cuda.is_available():
+            return torch.device("cpu")
+        # Under Ray each worker sees only its assigned GPU (CUDA_VISIBLE_DEVICES): index 0.
+        index = self.rank % torch.cuda.device_count()
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
+
+    def _init_process_group(self) -> None:
+        import datetime
+
+        import torch.distributed as dist
+
+        if self.master_addr.startswith("file://"):
+            init_method = self.master_addr  # one node: a file store, nothing listens beyond loopback
+        else:
+            init_method = f"tcp://{self.master_addr}:{self.master_port}"
+        if self.master_addr.startswith("file://") or self.master_addr in ("127.0.0.1", "localhost"):
+            # Gloo/NCCL would otherwise pick the interface of the machine's hostname.
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+            os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+        backend = "nccl" if self.device is not None and self.device.type == "cuda" else "gloo"
+        dist.init_process_group(
+            backend,
+            init_method=init_method,
+            rank=self.rank,
+            world_size=self.world_size,
+            timeout=datetime.timedelta(minutes=10),
+        )
+
+    def _build_policy(self) -> nn.Module:
+        import torch
+
+        from actors.models import load_causal_lm
+
+        if self.lora:
+            base = load_causal_lm(self.cfg.model.model_copy(update={"dtype": self.cfg.learner.dtype}))
+            base.requires_grad_(False)
+        else:
+            base = load_causal_lm(self.cfg.model.model_copy(update={"dtype": "float32"}))  # fp32 master weights
+            base.requires_grad_(True)
+        base.config.use_cache = False
+        if self.cfg.learner.gradient_checkpointing:
+            # Non-reentrant: works with frozen inputs (LoRA) and with FSDP2's hooks.
+            base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if not self.lora:
+            return base
+        model = self._attach_adapter(base)
+        needs_ref = self.cfg.algorithm.kl_coef > 0
+        if needs_ref and (self.cfg.learner.reference != "fixed" or self.cfg.finetune.init_adapter):
+            model.add_adapter(_REF_ADAPTER, model.peft_config[_ADAPTER])
+            with torch.no_grad():
+                params = dict(model.named_parameters())
+                for name, p in params.items():
+                    if f".{_REF_ADAPTER}." in name:
+                        p.requires_grad_(False)
+                        p.copy_(params[name.replace(f".{_REF_ADAPTER}.", f".{_ADAPTER}.")])
+            self.ref_kind = "adapter"
+        elif needs_ref:
+            self.ref_kind = "disabled_adapter"
+        return model
+
+    def _attach_adapter(self, base: nn.Module) -> nn.Module:
+        from peft import LoraConfig, PeftModel, get_peft_model
+
+        folder = self.cfg.finetune.init_adapter
+        if folder:
+            if not (Path(folder) / "adapter_config.json").is_file():
+                raise FileNotFoundError(
+                    f"finetune.init_adapter: {folder!r} is not a PEFT adapter folder (no adapter_config.json)"
+                )
+            return PeftModel.from_pretrained(base, folder, adapter_name=_ADAPTER, is_trainable=True)
+        lc = self.cfg.finetune.lora
+        config = LoraConfig(
+            r=lc.r,
+            lora_alpha=lc.alpha,
+            lora_dropout=lc.dropout,
+            target_modules=list(lc.target_modules),
+            task_type="CAUSAL_LM",
+        )
+        try:
+            return get_peft_model(base, config, adapter_name=_ADAPTER)
+        except ValueError as e:
+            raise ValueError(f"finetune.lora.target_modules {lc.target_modules} do not fit the model: {e}") from e
+
+    def _build_reference_model(self) -> None:
+        from actors.models import load_causal_lm
+
+        assert self.backend is not None
+        ln = self.cfg.learner
+        # ema accumulates small steps: float32; otherwise the compute dtype is enough.
+        dtype = "float32" if ln.reference == "ema" else ln.dtype
+        ref = load_causal_lm(self.cfg.model.model_copy(update={"dtype": dtype}))
+        if ln.reference_cpu_offload:
+            self.ref_kind = "offloaded_model"  # whole, on the CPU; every rank scores its own samples with it
+        else:
+            ref = self.backend.wrap(ref)
+            self.ref_kind = "model"
+        ref.requires_grad_(False)
+        ref.config.use_cache = False
+        self.reference = ref
+
+    def _adamw(self, lr: float) -> torch.optim.Optimizer:
+        import torch
+
+        o = self.cfg.learner.optim
+        return torch.optim.AdamW(self._trainable, lr=lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
+
+    def _lr_factor(self, step: int) -> float:
+        """lr multiplier: linear warmup over warmup_steps, then constant / linear / cosine down to min_lr_ratio."""
+        o = self.cfg.learner.optim
+        if step < o.warmup_steps:
+            return (step + 1) / o.warmup_steps
+        if o.schedule == "constant":
+            return 1.0
+        total = self.cfg.train.steps * self.cfg.train.epochs * self.cfg.train.minibatches
+        progress = min(1.0, (step - o.warmup_steps) / max(1, total - o.warmup_steps))
+        if o.schedule == "linear":
+            return 1.0 - (1.0 - o.min_lr_ratio) * progress
+        return o.min_lr_ratio + (1.0 - o.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    @staticmethod
+    def _numel(p: torch.Tensor) -> int:
+        shape = getattr(p, "shape", None)  # a DTensor's shape is the whole tensor's
+        return int(math.prod(shape)) if shape is not None else p.numel()
+
+    # ------------------------------------------------------------------ training
+
+    def train_step(self, samples: list[dict[str, Any]]) -> dict[str, float]:
+        """One GRPO iteration on this rank's share of the batch; metrics are global (all ranks).
+
+        tokens: masked (trained) tokens; tokens_per_s: prompt+response tokens of the whole batch (all
+        ranks) per second of step time; ratio_std_after_first: ratio std over the optimizer steps after
+        the first (absent with one step per iteration)."""
+        from grpo.batch import as_sample
+
+        self._require_setup()
+        t0 = time.monotonic()
+        self._sft_optimizer = None  # supervised warm start is over: free its state
+        batch = [as_sample(s, i) for i, s in enumerate(samples)]
+        tr, alg = self.cfg.train, self.cfg.algorithm
+        old, ref, score_metrics = self._score(batch)
+
+        slices = [list(range(len(batch)))[k :: tr.minibatches] for k in range(tr.minibatches)]
+        sums: dict[str, float] = {}
+        weights: dict[str, float] = {}
+        grad_norms: list[float] = []
+        lr = 0.0
+        opt_steps = 0
+        for _ in range(tr.epochs):
+            for idx in slices:
+                lr = self.optimizer.param_groups[0]["lr"]
+                m, norm = self._optimizer_step(
+                    [batch[i] for i in idx],
+                    [old[i] for i in idx],
+                    [ref[i] for i in idx] if ref is not None else None,
+                )
+                grad_norms.append(norm)
+                _accumulate(sums, weights, m, m["tokens"])
+                if opt_steps > 0:
+                    _accumulate(sums, weights, {"ratio_std_after_first": m["ratio_std"]}, m["tokens"])
+                opt_steps += 1
+                self.step += 1
+        self.iteration += 1
+        self._refresh_reference()
+
+        # Metrics were reduced over ranks already (weighted by tokens); the score pass gives entropy.
+        out = {k: sums[k] / weights[k] if weights[k] else 0.0 for k in sums}
+        out.pop("tokens", None)
+        if alg.entropy_coef == 0:
+            out["entropy"] = score_metrics["entropy"]
+        out["grad_norm"] = sum(grad_norms) / len(grad_norms)
+        out["lr"] = float(lr)
+        out["tokens"] = score_metrics["tokens"]
+        out["samples"] = score_metrics["samples"]
+        elapsed = time.monotonic() - t0
+        out["step_time_s"] = elapsed
+        out["tokens_per_s"] = score_metrics["batch_tokens"] / elapsed if elapsed > 0 else 0.0
+        if opt_steps <= 1:
+            out.pop("ratio_std_after_first", None)
+        return out
+
+    def sft_step(self, samples: list[dict[str, Any]]) -> dict[str, float]:
+        """One optimizer step of masked NLL over `samples` (loss_mask marks the assistant tokens).
+
+        Uses its own AdamW at `sft_warmup.lr` (constant), so the RL optimizer's moments and schedule
+        start clean; that optimizer is dropped at the first `train_step`. Returns sft_loss (the mean NLL
+        before the step, all ranks), grad_norm, tokens, samples, step_time_s, tokens_per_s.
+        """
+        from grpo.losses import sft_loss, token_logprobs
+
+        self._require_setup()
+        t0 = time.monotonic()
+        batch = [as_sft_sample(s, i) for i, s in enumerate(samples)]
+        if self._sft_optimizer is None:
+            self._sft_optimizer = self._adamw(self.cfg.sft_warmup.lr)
+        normalizer = self._all_reduce_sum([float(sum(sum(s.loss_mask) for s in batch))])[0]
+        if normalizer == 0:
+            raise ValueError("sft_step: no sample of any rank has a token with loss_mask 1")
+        sums: dict[str, float] = {}
+        weights: dict[str, float] = {}
+        self.model.train()
+        for micro in self._micro_batches(batch):
+            packed = self._pack(micro)
+            logits = self._logits(self.model, packed)
+            logp = token_logprobs(logits, packed["input_ids"])
+            loss, m = sft_loss(logp, packed["loss_mask"], normalizer=normalizer)
+            (loss * self.backend.grad_scale).backward()
+            _accumulate(sums, weights, {"sft_loss": m["sft_loss"]}, m["tokens"])
+        norm = self.backend.clip_grad_norm(self._trainable, self.cfg.learner.optim.grad_clip)
+        self._sft_optimizer.step()
+        self._sft_optimizer.zero_grad(set_to_none=True)
+        batch_tokens = float(sum(s.num_tokens for s in batch))
+        totals = self._all_reduce_sum(
+            [sums.get("sft_loss", 0.0), weights.get("sft_loss", 0.0), float(len(batch)), batch_tokens]
+        )
+        elapsed = time.monotonic() - t0
+        return {
+            "sft_loss": totals[0] / totals[1] if totals[1] else 0.0,
+            "grad_norm": norm,
+            "tokens": totals[1],
+            "samples": totals[2],
+            "step_time_s": elapsed,
+            "tokens_per_s": totals[3] / elapsed if elapsed > 0 else 0.0,
+        }
+
+    def score(self, samples: list[dict[str, Any]]) -> list[list[float]]:
+        """The current policy's logprob of every response token of each sample (no update; a collective)."""
+        from grpo.batch import as_sample
+
+        self._require_setup()
+        batch = [as_sample(s, i) for i, s in enumerate(samples)]
+        old, _, _ = self._score(batch, reference=False)
+        return [old[i][len(s.prompt_ids) - 1 :].tolist() for i, s in enumerate(batch)]
+
+    def _score(
+        self, batch: list[Sample], reference: bool = True
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None, dict[str, float]]:
+        """Per sample (length num_tokens−1): the current policy's logprobs, and the reference's."""
+        import torch
+
+        from grpo.losses import entropy_from_logits, masked_mean, token_logprobs
+
+        old: list[torch.Tensor | None] = [None] * len(batch)
+        ref: list[torch.Tensor | None] | None = [None] * len(batch) if reference and self.ref_kind != "none" else None
+        ent_sum = 0.0
+        tokens = 0.0
+        self.model.eval()
+        with torch.no_grad():
+            for micro in self._micro_batches(batch, indices=True):
+                packed = self._pack([batch[i] for i in micro])
+                logits = self._logits(self.model, packed)
+                logp = token_logprobs(logits, packed["input_ids"]).float()
+                mask = packed["loss_mask"].to(logp.device)
+                if micro:
+                    n_tok = float(mask.sum())
+                    ent_sum += float(masked_mean(entropy_from_logits(logits), mask)) * n_tok
+                    tokens += n_tok
+                del logits
+                ref_logp = self._reference_logprobs(packed) if ref is not None else None
+                for row, i in enumerate(micro):
+                    n = batch[i].num_tokens - 1
+                    old[i] = logp[row, :n].cpu()
+                    if ref is not None:
+                        ref[i] = ref_logp[row, :n].cpu()
+        self.backend.reshard(self.model)
+        if self.ref_kind == "model":
+            self.backend.reshard(self.reference)
+        batch_tokens = float(sum(s.num_tokens for s in batch))
+        totals = self._all_reduce_sum([ent_sum, tokens, float(len(batch)), batch_tokens])
+        metrics = {
+            "entropy": totals[0] / totals[1] if totals[1] else 0.0,
+            "tokens": totals[1],
+            "samples": totals[2],
+            "batch_tokens": totals[3],
+        }
+        return old, ref, metrics  # type: ignore[return-value]
+
+    def _reference_logprobs(self, packed: dict[str, torch.Tensor]) -> torch.Tensor:
+        from grpo.losses import token_logprobs
+
+        if self.ref_kind == "disabled_adapter":
+            with self.model.disable_adapter():
+                logits = self._logits(self.model, packed)
+        elif self.ref_kind == "adapter":
+            n = packed["input_ids"].shape[0]
+            logits = self._logits(self.model, packed, adapter_names=[_REF_ADAPTER] * n)
+        elif self.ref_kind == "model":
+            logits = self._logits(self.reference, packed)
+        else:  # offloaded_model: whole, on the CPU
+            with _cpu_autocast(self.reference, self.cfg.learner.dtype):
+                logits = self.reference(
+                    input_ids=packed["input_ids"].cpu(), attention_mask=packed["attention_mask"].cpu(), use_cache=False
+                ).logits
+        return token_logprobs(logits, packed["input_ids"].to(logits.device)).float()
+
+    def _optimizer_step(
+        self, minibatch: list[Sample], old: list[torch.Tensor], ref: list[torch.Tensor] | None
+    ) -> tuple[dict[str, float], float]:
+        """Accumulate the minibatch's gradients over micro-batches, clip, step. Metrics are global."""
+        from grpo.losses import entropy_from_logits, policy_loss, token_logprobs
+
+        alg = self.cfg.algorithm
+        if alg.loss_reduction == "token":
+            count = float(sum(sum(s.loss_mask) for s in minibatch))
+        else:
+            count = float(sum(1 for s in minibatch if any(s.loss_mask)))
+        normalizer = self._all_reduce_sum([count])[0]
+        sums: dict[str, float] = {}
+        weights: dict[str, float] = {}
+        self.model.train()
+        for micro in self._micro_batches(minibatch, indices=True):
+            packed = self._pack([minibatch[i] for i in micro])
+            width = packed["loss_mask"].shape[1]
+            logits = self._logits(self.model, packed)
+            logp = token_logprobs(logits, packed["input_ids"])
+            dev = logp.device
+            entropy = entropy_from_logits(logits) if alg.entropy_coef > 0 else None
+            loss, m = policy_loss(
+                logp,
+                _pad_rows([old[i] for i in micro], width).to(dev),
+                packed["advantages"].to(dev),
+                packed["loss_mask"].to(dev),
+                clip_eps_low=alg.clip_eps_low,
+                clip_eps_high=alg.clip_eps_high,
+                reduction=alg.loss_reduction,
+                ref_logprobs=_pad_rows([ref[i] for i in micro], width).to(dev) if ref is not None else None,
+                kl_coef=alg.kl_coef,
+                kl_estimator=alg.kl_estimator,
+                entropy=entropy,
+                entropy_coef=alg.entropy_coef,
+                rollout_logprobs=packed["rollout_logprobs"].to(dev),
+                tis_cap=alg.tis_cap,
+                normalizer=normalizer,
+            )
+            (loss * self.backend.grad_scale).backward()
+            keys = ("policy_loss", "kl", "ratio_mean", "ratio_std", "clip_frac", "logprob_gap")
+            _accumulate(sums, weights, {k: m[k] for k in keys if k in m}, m["tokens"])
+            if "entropy" in m:
+                _accumulate(sums, weights, {"entropy": m["entropy"]}, m["tokens"])
+        norm = self.backend.clip_grad_norm(self._trainable, self.cfg.learner.optim.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return self._reduce_weighted(sums, weights), norm
+
+    def _reduce_weighted(self, sums: dict[str, float], weights: dict[str, float]) -> dict[str, float]:
+        """Token-weighted means over all ranks, plus "tokens" (the total weight of policy_loss).
+
+        Every rank has the same keys: policy_loss always reports them, on empty micro-batches too."""
+        keys = sorted(sums)
+        n = len(keys)
+        reduced = self._all_reduce_sum([sums[k] for k in keys] + [weights[k] for k in keys])
+        metrics = {k: reduced[i] / reduced[n + i] if reduced[n + i] else 0.0 for i, k in enumerate(keys)}
+        metrics["tokens"] = reduced[n + keys.index("policy_loss")] if "policy_loss" in keys else 0.0
+        return metrics
+
+    def _micro_batches(self, batch: Sequence[Sample], indices: bool = False) -> Iterator[list[Any]]:
+        """Micro-batches of `batch` (index lists, or samples), padded with empty ones to the largest
+        count of any rank: every rank must run the same number of forwards and backwards."""
+        from grpo.batch import split_by_tokens
+
+        groups = split_by_tokens(batch, self.cfg.learner.micro_batch_tokens) if batch else []
+        count = int(self._all_reduce_max(len(groups)))
+        for k in range(count):
+            group = groups[k] if k < len(groups) else []
+            yield group if indices else [batch[i] for i in group]
+
+    def _pack(self, samples: list[Sample]) -> dict[str, torch.Tensor]:
+        """grpo.batch.pack, or for an empty micro-batch a two-pad-token row with nothing to learn."""
+        import torch
+
+        from grpo.batch import pack
+
+        if samples:
+            return pack(samples, self.pad_id)
+        return {
+            "input_ids": torch.full((1, 2), self.pad_id, dtype=torch.long),
+            "attention_mask": torch.ones((1, 2), dtype=torch.long),
+            "loss_mask": torch.zeros((1, 1)),
+            "rollout_logprobs": torch.zeros((1, 1)),
+            "advantages": torch.zeros(1),
+        }
+
+    def _logits(self, model: nn.Module, packed: dict[str, torch.Tensor], **kwargs: Any) -> torch.Tensor:
+        assert self.backend is not None and self.device is not None
+        with self.backend.compute():
+            out = model(
+                input_ids=packed["input_ids"].to(self.device),
+                attention_mask=packed["attention_mask"].to(self.device),
+                use_cache=False,
+                **kwargs,
+            )
+        return out.logits
+
+    def _refresh_reference(self) -> None:
+        """periodic: ref ← policy every `reference_every` iterations; ema: ref ← a·ref + (1−a)·policy."""
+        import torch
+
+        ln = self.cfg.learner
+        if self.ref_kind not in ("adapter", "model", "offloaded_model") or ln.reference == "fixed":
+            return
+        if ln.reference == "periodic" and (ln.reference_every == 0 or self.iteration % ln.reference_every):
+            return
+        weight = 1.0 if ln.reference == "periodic" else 1.0 - ln.reference_ema
+        assert self.backend is not None
+        with torch.no_grad():
+            if self.ref_kind == "adapter":
+                params = dict(self.model.named_parameters())
+                pairs = [
+                    (params[n], params[n.replace(f".{_REF_ADAPTER}.", f".{_ADAPTER}.")])
+                    for n in params
+                    if f".{_REF_ADAPTER}." in n
+                ]
+                for ref_p, pol_p in pairs:
+                    _blend(self.backend.local(ref_p), self.backend.local(pol_p), weight)
+            elif self.ref_kind == "model":
+                for ref_p, pol_p in zip(self.reference.parameters(), self.model.parameters(), strict=True):
+                    _blend(self.backend.local(ref_p), self.backend.local(pol_p), weight)
+            else:  # the CPU copy is whole: gather the policy (every rank needs it)
+                ref_params = dict(self.reference.named_parameters())
+                for name, full in self.backend.named_full_tensors(self.model, lambda n: True, all_ranks=True):
+                    _blend(ref_params[name], full, weight)
+
+    # ------------------------------------------------------------------ export
+
+    def export_adapter(self) -> dict[str, Any] | None:
+        """The trained LoRA adapter, whole, on CPU: {"config": PEFT config dict, "state_dict": {PEFT key: tensor}}.
+
+        A collective: every rank must call it; rank 0 returns the adapter, the others None."""
+        from peft import get_peft_model_state_dict
+
+        self._require_setup()
+        if not self.lora:
+            raise ValueError("export_adapter: finetune.mode is 'full'; use export_weights")
+        gathered = dict(self.backend.named_full_tensors(self.model, _is_trained_adapter))
+        if self.rank != 0:
+            return None
+        state = get_peft_model_state_dict(self.model, state_dict=gathered, adapter_name=_ADAPTER)
+        return {"config": _json_able(self.model.peft_config[_ADAPTER].to_dict()), "state_dict": state}
+
+    def iter_weights(self, max_chunk_bytes: int = 256 << 20) -> Iterator[dict[str, torch.Tensor]]:
+        """Full mode: the model's weights under the base model's names, on CPU in `model.dtype`, in chunks
+        of whole layers (a chunk exceeds `max_chunk_bytes` only when one layer does). A collective: every
+        rank must drain it; only rank 0 yields chunks."""
+        import torch
+
+        self._require_setup()
+        if self.lora:
+            raise ValueError("export_weights: finetune.mode is 'lora'; use export_adapter")
+        if max_chunk_bytes < 1:
+            raise ValueError(f"export_weights: max_chunk_bytes must be >= 1, got {max_chunk_bytes}")
+        dtype = getattr(torch, self.cfg.model.dtype)
+        chunk: dict[str, torch.Tensor] = {}
+        size = 0
+        group: dict[str, torch.Tensor] = {}
+        group_key = None
+        for name, full in self.backend.named_full_tensors(self.model, lambda n: True):
+            if full is None:
+                continue
+            key = _layer_of(name)
+            if key != group_key and group:
+                group_bytes = sum(t.numel() * t.element_size() for t in group.values())
+                if chunk and size + group_bytes > max_chunk_bytes:
+                    yield chunk
+                    chunk, size = {}, 0
+                chunk.update(group)
+                size += group_bytes
+                group = {}
+            group_key = key
+            group[name] = full.to(dtype)
+        if group:
+            group_bytes = sum(t.numel() * t.element_size() for t in group.values())
+            if chunk and size + group_bytes > max_chunk_bytes:
+                yield chunk
+                chunk = {}
+            chunk.update(group)
+        if chunk:
+            yield chunk
+
+    def export_weights(self, max_chunk_bytes: int = 256 << 20) -> list[dict[str, torch.Tensor]] | None:
+        """`iter_weights` as a list on rank 0 (None elsewhere). A collective."""
+        chunks = list(self.iter_weights(max_chunk_bytes))
+        return chunks if self.rank == 0 else None
+
+    def save_adapter(self, folder: str) -> None:
+        """The adapter in PEFT format (adapter_config.json + adapter_model.safetensors); rank 0 writes."""
+        adapter = self.export_adapter()
+        if adapter is not None:
+            _write_adapter(Path(folder), adapter)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save_checkpoint(self, folder: str, extra: dict[str, Any]) -> None:
+        """Everything `load_checkpoint` needs to continue bit for bit; atomic (a tmp folder, then a rename)."""
+        import torch
+
+        self._require_setup()
+        try:
+            extra_json = json.dumps(extra)
+        except TypeError as e:
+            raise ValueError(f"save_checkpoint: extra must be JSON-serialisable: {e}") from e
+        final = Path(folder).absolute()
+        tmp = final.parent / f".{final.name}.tmp-{self.step}"
+        if self.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)  # left by a save that died
+            tmp.mkdir(parents=True)
+        self._barrier()
+        self.backend.save(str(tmp / "state"), self.model, self.optimizer, self._state_keep)
+        if self.ref_kind in ("model", "offloaded_model") and self.cfg.learner.reference != "fixed":
+            self.backend.save(str(tmp / "reference"), self.reference, None, lambda k: True)
+        torch.save(_rng_state(), tmp / f"rng-{self.rank}.pt")
+        adapter = self.export_adapter() if self.lora else None
+        if self.rank == 0:
+            if adapter is not None:
+                _write_adapter(tmp / "adapter", adapter)
+            torch.save({"scheduler": self.scheduler.state_dict()}, tmp / "trainer.pt")
+            meta = {
+                "format": _CKPT_FORMAT,
+                "mode": self.cfg.finetune.mode,
+                "model": self.cfg.model.name,
+                "world_size": self.world_size,
+                "step": self.step,
+                "iteration": self.iteration,
+                "reference": self.ref_kind,
+                "extra": json.loads(extra_json),
+            }
+            (tmp / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+        self._barrier()
+        if self.rank == 0:
+            old = None
+            if final.exists():  # rename cannot replace a folder: move the old one aside first
+                old = final.rename(final.parent / f".{final.name}.old-{self.step}")
+            tmp.rename(final)
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
+        self._barrier()
+
+    def load_checkpoint(self, folder: str) -> dict[str, Any]:
+        """Restore model, optimizer, schedule, counters and RNG from `save_checkpoint`; returns its `extra`."""
+        import torch
+
+        self._require_setup()
+        path = Path(folder)
+        meta_file = path / "meta.json"
+        if not path.is_dir():
+            raise CheckpointError(f"checkpoint {str(path)!r} does not exist (or is not a folder)")
+        try:
+            meta = json.loads(meta_file.read_text())
+        except (OSError, ValueError) as e:
+            raise CheckpointError(
+                f"checkpoint {str(path)!r} has no readable meta.json: not a learner checkpoint"
+            ) from e
+        if meta.get("format") != _CKPT_FORMAT:
+            raise CheckpointError(f"checkpoint {str(path)!r}: format {meta.get('format')!r}, expected {_CKPT_FORMAT}")
+        if meta.get("mode") != self.cfg.finetune.mode:
+            raise CheckpointError(
+                f"checkpoint {str(path)!r} holds a {meta.get('mode')!r} model, but finetune.mode is "
+                f"{self.cfg.finetune.mode!r}"
+            )
+        for needed in ("state", "trainer.pt"):
+            if not (path / needed).exists():
+                raise CheckpointError(f"checkpoint {str(path)!r} is incomplete: {needed} is missing")
+        try:
+            self.backend.load(str(path / "state"), self.model, self.optimizer, self._state_keep)
+            if (path / "reference").exists() and self.ref_kind in ("model", "offloaded_model"):
+                self.backend.load(str(path / "reference"), self.reference, None, lambda k: True)
+        except Exception as e:  # DCP's errors name tensors, not the cause
+            raise CheckpointError(f"checkpoint {str(path)!r} does not fit this model/config: {e}") from e
+        trainer = torch.load(path / "trainer.pt", weights_only=False)
+        self.scheduler.load_state_dict(trainer["scheduler"])
+        self.step = int(meta["step"])
+        self.iteration = int(meta["iteration"])
+        rng = path / f"rng-{self.rank}.pt"
+        if rng.exists():
+            _set_rng_state(torch.load(rng, weights_only=False))
+        else:
+            log.warning("checkpoint %s: no RNG state for rank %d (world size %s)", path, self.rank, meta["world_size"])
+        return meta["extra"]
+
+    def _state_keep(self, key: str) -> bool:
+        """Checkpointed model entries: LoRA → the adapters only (the base is the model's own files)."""
+        return "lora_" in key if self.lora else True
+
+    # ------------------------------------------------------------------ collectives
+
+    def _all_reduce_sum(self, values: list[float]) -> list[float]:
+        return self._all_reduce(values, "sum")
+
+    def _all_reduce_max(self, value: float) -> float:
+        return self._all_reduce([value], "max")[0]
+
+    def _all_reduce(self, values: list[float], op: str) -> list[float]:
+        if self.world_size == 1:
+            return [float(v) for v in values]
+        import torch
+        import torch.distributed as dist
+
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+        return [float(v) for v in t.cpu()]
+
+    def _barrier(self) -> None:
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+    def _require_setup(self) -> None:
+        if self.model is None:
+            raise RuntimeError("Learner: call setup() first")
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def as_sft_sample(x: Any, index: int | None = None) -> Sample:
+    """grpo.batch.as_sample for supervised data: rollout_logprobs and advantage may be left out (unused)."""
+    from grpo.batch import as_sample
+
+    if isinstance(x, dict) and "rollout_logprobs" not in x and isinstance(x.get("response_ids"), list | tuple):
+        x = {**x, "rollout_logprobs": [0.0] * len(x["response_ids"])}
+    return as_sample(x, index)
+
+
+def _cpu_autocast(model: nn.Module, dtype: str) -> contextlib.AbstractContextManager[Any]:
+    """Compute in `dtype` on the CPU when the model's weights are stored wider (an ema reference)."""
+    import torch
+
+    stored = next(model.parameters()).dtype
+    if stored == getattr(torch, dtype):
+        return contextlib.nullcontext()
+    return torch.autocast(device_type="cpu", dtype=getattr(torch, dtype))
+
+
+def _accumulate(sums: dict[str, float], weights: dict[str, float], values: dict[str, float], weight: float) -> None:
+    for k, v in values.items():
+        sums[k] = sums.get(k, 0.0) + v * weight
+        weights[k] = weights.get(k, 0.0) + weight
+
+
+def _pad_rows(rows: list[torch.Tensor], width: int) -> torch.Tensor:
+    """Per-sample vectors right-padded with 0 to [len(rows), width] (like grpo.batch.pack); [1, width] if empty."""
+    import torch
+
+    out = torch.zeros((max(1, len(rows)), width), dtype=torch.float32)
+    for i, r in enumerate(rows):
+        out[i, : r.shape[0]] = r
+    return out
+
+
+def _blend(ref: torch.Tensor, policy: torch.Tensor, weight: float) -> None:
+    """ref ← (1−w)·ref + w·policy, in place (w = 1: a copy)."""
+    if weight >= 1.0:
+        ref.copy_(policy)
+    else:
+        ref.lerp_(policy.to(ref.dtype), weight)
+
+
+def _is_trained_adapter(name: str) -> bool:
+    return "lora_" in name and f".{_ADAPTER}." in name
+
+
+def _layer_of(name: str) -> str:
+    """`model.layers.3.mlp.up_proj.weight` → `model.layers.3`; names outside a layer are their own group."""
+    parts = name.split(".")
+    for i, part in enumerate(parts[:-1]):
+        if part == "layers" and parts[i + 1].isdigit():
+            return ".".join(parts[: i + 2])
+    return name
+
+
+def _json_able(value: Any) -> Any:
+    """PEFT config dicts hold enums and sets: plain JSON values instead."""
+    import enum
+
+    if isinstance(value, dict):
+        return {str(k): _json_able(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_able(v) for v in value]
+    if isinstance(value, set | frozenset):
+        return sorted(_json_able(v) for v in value)
+    if isinstance(value, enum.Enum):
+        return value.value
+    return value
+
+
+def _write_adapter(folder: Path, adapter: dict[str, Any]) -> None:
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in adapter["state_dict"].items()}
+    with tempfile.NamedTemporaryFile(dir=folder, suffix=".tmp", delete=False) as f:
+        tmp_weights = Path(f.name)
+    save_file(tensors, str(tmp_weights), metadata={"format": "pt"})
+    tmp_weights.rename(folder / "adapter_model.safetensors")
+    config_tmp = folder / "adapter_config.json.tmp"
+    config_tmp.write_text(json.dumps(adapter["config"], indent=1) + "\n")
+    config_tmp.rename(folder / "adapter_config.json")
+
+
+def _rng_state() -> dict[str, Any]:
+    import torch
+
+    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    import torch
+
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])

@@ -1,0 +1,209 @@
+"""The learner group on Ray: `learner.workers` Learner actors (actors/learner.py) in one placement group.
+
+- Placement: one bundle {"CPU": num_cpus_per_worker, "GPU": num_gpus_per_worker} per rank, PACK.
+- Rendezvous for torch.distributed: when every bundle sits on one node, a FileStore in that node's temp
+  folder (gloo/NCCL then talk over loopback, and nothing listens on another interface: torch's TCPStore
+  would bind all interfaces); across nodes, rank 0's node IP and a free port found there.
+- A batch is split across ranks by tokens (grpo.batch.shard); all ranks run each call in parallel, and
+  the learners' metrics are already reduced over ranks, so rank 0's are the group's.
+- Exports are collectives: every rank runs them; rank 0's result lives in the object store once (the
+  actor's return value, or one object per weight chunk through a streaming generator), and the driver
+  hands out only references to it.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import uuid
+from typing import Any
+
+from configs.schema import Config
+
+log = logging.getLogger(__name__)
+
+_PLACEMENT_TIMEOUT_S = 900.0  # GPU nodes of an autoscaling cluster take minutes to join
+_PLACEMENT_LOG_S = 30.0
+
+
+class LearnerGroup:
+    """Ray wiring of the learner ranks. Call `start()` first and `shutdown()` at the end."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.actors: list[Any] = []
+        self.placement_group: Any = None
+        self.info: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> dict[str, Any]:
+        """Reserve the bundles, start the actors, join them in one process group, load the model.
+
+        Returns rank 0's `Learner.setup()` info."""
+        import ray
+        from ray.util.placement_group import placement_group, placement_group_table
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from actors.learner import Learner
+
+        if self.actors:
+            raise RuntimeError("LearnerGroup.start: already started")
+        ln = self.cfg.learner
+        n = ln.workers
+        bundle = {"CPU": ln.num_cpus_per_worker}
+        if ln.num_gpus_per_worker > 0:
+            bundle["GPU"] = ln.num_gpus_per_worker
+        pg = placement_group([dict(bundle) for _ in range(n)], strategy="PACK", name=f"{self.cfg.run_name}-learners")
+        self.placement_group = pg
+        ready = pg.ready()
+        waited = 0.0
+        while not ray.wait([ready], timeout=_PLACEMENT_LOG_S)[0]:  # an autoscaler may be adding nodes
+            waited += _PLACEMENT_LOG_S
+            if waited >= _PLACEMENT_TIMEOUT_S:
+                self.shutdown()
+                raise RuntimeError(
+                    f"learner: cannot place {n} worker(s) of {bundle} within {_PLACEMENT_TIMEOUT_S:.0f} s (cluster "
+                    f"has {ray.cluster_resources()}); lower learner.workers or num_cpus/num_gpus_per_worker"
+                )
+            log.info("learner: waiting for %d bundle(s) of %s (%.0f s so far)", n, bundle, waited)
+
+        def strategy(i: int) -> PlacementGroupSchedulingStrategy:
+            return PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=i)
+
+        nodes = set(placement_group_table(pg)["bundles_to_node_id"].values())
+        if n == 1:
+            addr, port = "127.0.0.1", 0  # no process group at all
+        elif len(nodes) == 1:
+            addr, port = f"file://{tempfile.gettempdir()}/mcprl-learner-{uuid.uuid4().hex}.store", 0
+        else:
+            find = ray.remote(num_cpus=0)(_rendezvous_address).options(scheduling_strategy=strategy(0))
+            addr, port = ray.get(find.remote())
+        remote = ray.remote(Learner)
+        try:
+            self.actors = [
+                remote.options(
+                    num_cpus=ln.num_cpus_per_worker,
+                    num_gpus=ln.num_gpus_per_worker,
+                    scheduling_strategy=strategy(i),
+                ).remote(self.cfg, i, n, addr, port)
+                for i in range(n)
+            ]
+            infos = ray.get([a.setup.remote() for a in self.actors])
+        except Exception:
+            self.shutdown()
+            raise
+        self.info = infos[0]
+        log.info("learner group: %d worker(s) on %d node(s): %s", n, len(nodes), self.info)
+        return self.info
+
+    def shutdown(self) -> None:
+        """Kill the actors and remove the placement group (safe to call twice)."""
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        for actor in self.actors:
+            try:
+                ray.kill(actor)
+            except Exception:  # already dead
+                log.debug("learner actor already gone", exc_info=True)
+        self.actors = []
+        if self.placement_group is not None:
+            remove_placement_group(self.placement_group)
+            self.placement_group = None
+
+    # ------------------------------------------------------------------ training
+
+    def train_step(self, samples: list[dict[str, Any]]) -> dict[str, float]:
+        """One GRPO iteration over the whole batch, split across the ranks by tokens."""
+        return self._split_call("train_step", samples)
+
+    def sft_step(self, samples: list[dict[str, Any]]) -> dict[str, float]:
+        """One supervised step over the whole batch, split across the ranks by tokens."""
+        from actors.learner import as_sft_sample
+
+        return self._split_call("sft_step", [as_sft_sample(s, i) for i, s in enumerate(samples)])
+
+    def score(self, samples: list[dict[str, Any]]) -> list[list[float]]:
+        """The policy's logprob of every response token of each sample, in the order given (no update)."""
+        import ray
+
+        from grpo.batch import shard
+
+        self._require_started()
+        parts = shard(samples, len(self.actors))
+        results = ray.get(
+            [a.score.remote([samples[i] for i in idx]) for a, idx in zip(self.actors, parts, strict=True)]
+        )
+        out: list[list[float]] = [[] for _ in samples]
+        for idx, rows in zip(parts, results, strict=True):
+            for i, row in zip(idx, rows, strict=True):
+                out[i] = row
+        return out
+
+    def _split_call(self, method: str, samples: list[Any]) -> dict[str, float]:
+        import ray
+
+        from grpo.batch import shard
+
+        self._require_started()
+        if not samples:
+            raise ValueError(f"LearnerGroup.{method}: empty batch")
+        parts = shard(samples, len(self.actors))
+        refs = [getattr(a, method).remote([samples[i] for i in idx]) for a, idx in zip(self.actors, parts, strict=True)]
+        return ray.get(refs)[0]  # reduced over ranks inside the learners: rank 0's are everyone's
+
+    # ------------------------------------------------------------------ export and checkpoints
+
+    def export_adapter_ref(self) -> Any:
+        """ObjectRef of rank 0's {"config", "state_dict"} (the whole adapter), stored once."""
+        import ray
+
+        self._require_started()
+        refs = [a.export_adapter.remote() for a in self.actors]
+        ray.get(refs[1:])  # the others return None; waiting surfaces their errors (rank 0's: when resolved)
+        ray.wait(refs[:1], fetch_local=False)
+        return refs[0]
+
+    def export_weights_refs(self, max_chunk_bytes: int = 256 << 20) -> list[Any]:
+        """ObjectRefs of the weight chunks (full fine-tune), each stored once, in order."""
+        import ray
+
+        self._require_started()
+        others = [a.export_weights.remote(max_chunk_bytes) for a in self.actors[1:]]
+        stream = self.actors[0].iter_weights.options(num_returns="streaming").remote(max_chunk_bytes)
+        refs = list(stream)  # each yielded chunk is its own object
+        ray.get(others)
+        ray.get(refs[-1:])  # a failed generator surfaces here
+        return refs
+
+    def save_adapter(self, folder: str) -> None:
+        self._all("save_adapter", folder)
+
+    def save_checkpoint(self, folder: str, extra: dict[str, Any]) -> None:
+        self._all("save_checkpoint", folder, extra)
+
+    def load_checkpoint(self, folder: str) -> dict[str, Any]:
+        return self._all("load_checkpoint", folder)
+
+    def _all(self, method: str, *args: Any) -> Any:
+        import ray
+
+        self._require_started()
+        return ray.get([getattr(a, method).remote(*args) for a in self.actors])[0]
+
+    def _require_started(self) -> None:
+        if not self.actors:
+            raise RuntimeError("LearnerGroup: call start() first")
+
+
+def _rendezvous_address() -> tuple[str, int]:
+    """This node's IP and a port free on it (for rank 0's TCPStore)."""
+    import socket
+
+    import ray
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        port = s.getsockname()[1]
+    return ray.util.get_node_ip_address(), port

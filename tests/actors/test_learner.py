@@ -1,0 +1,278 @@
+"""The learner at world size 1, in-process, on tiny-random: GRPO and SFT steps learn, adapters and
+weights reach the HF engine, checkpoints resume bit for bit."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from actors.hf_engine import HFEngine
+from actors.learner import CheckpointError, Learner
+from configs.schema import Config, SamplingConfig
+
+PROMPT_LEN = 8
+CHOSEN = [1500, 2500, 3500, 4500, 5500, 6500]  # the "good" response every sample carries
+
+
+def make_cfg(mode: str = "lora", lr: float = 1e-2, **learner: object) -> Config:
+    cfg = Config()
+    cfg.finetune.mode = mode
+    cfg.finetune.lora.r = 8
+    cfg.learner.optim.lr = lr
+    for k, v in learner.items():
+        setattr(cfg.learner, k, v)
+    return cfg
+
+
+def fixed_batch(n: int = 4, advantage: float = 1.0) -> list[dict]:
+    """n samples with different prompts and the chosen response; token 3 of it is an observation (mask 0)."""
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for _ in range(n):
+        prompt = torch.randint(100, 40_000, (PROMPT_LEN,), generator=g).tolist()
+        mask = [1, 1, 1, 0, 1, 1]
+        out.append(
+            {
+                "prompt_ids": prompt,
+                "response_ids": list(CHOSEN),
+                "loss_mask": mask,
+                "rollout_logprobs": [-10.8 * m for m in mask],
+                "advantage": advantage,
+            }
+        )
+    return out
+
+
+def chosen_logprob(learner: Learner, batch: list[dict]) -> float:
+    """Mean logprob of the trained (mask 1) response tokens."""
+    rows = learner.score(batch)
+    vals = [lp for row, s in zip(rows, batch, strict=True) for lp, m in zip(row, s["loss_mask"], strict=True) if m]
+    return sum(vals) / len(vals)
+
+
+def trained(learner: Learner) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in learner.model.named_parameters() if p.requires_grad}
+
+
+@pytest.fixture(scope="module")
+def lora_learner() -> Learner:
+    """A LoRA learner (with a KL reference: the adapter disabled) after three GRPO steps."""
+    cfg = make_cfg("lora")
+    cfg.algorithm.kl_coef = 0.01
+    learner = Learner(cfg)
+    info = learner.setup()
+    assert info["world_size"] == 1 and 0 < info["trainable"] < info["params"]
+    batch = fixed_batch()
+    learner.before = chosen_logprob(learner, batch)  # type: ignore[attr-defined]
+    learner.history = [learner.train_step(batch) for _ in range(3)]  # type: ignore[attr-defined]
+    return learner
+
+
+@pytest.fixture(scope="module")
+def full_learner() -> Learner:
+    learner = Learner(make_cfg("full", lr=1e-3))
+    info = learner.setup()
+    assert info["trainable"] == info["params"]
+    batch = fixed_batch()
+    learner.before = chosen_logprob(learner, batch)  # type: ignore[attr-defined]
+    learner.history = [learner.train_step(batch) for _ in range(2)]  # type: ignore[attr-defined]
+    return learner
+
+
+def test_lora_grpo_raises_logprob_of_advantaged_tokens(lora_learner: Learner) -> None:
+    after = chosen_logprob(lora_learner, fixed_batch())
+    assert after > lora_learner.before + 0.1
+    first, *_, last = lora_learner.history
+    expected = {"policy_loss", "kl", "ratio_mean", "ratio_std", "clip_frac", "entropy", "grad_norm", "lr"}
+    expected |= {"logprob_gap", "tokens", "samples", "step_time_s", "tokens_per_s"}
+    assert expected <= set(first)
+    assert "ratio_std_after_first" not in first  # one optimizer step per iteration
+    assert all(isinstance(v, float) and v == v for v in first.values())
+    assert first["tokens"] == 4 * 5 and first["samples"] == 4
+    assert first["lr"] == pytest.approx(1e-2)
+    assert first["kl"] == pytest.approx(0.0, abs=1e-6)  # the adapter starts as the identity
+    assert last["kl"] > 0  # the policy has left the reference
+    assert first["grad_norm"] > 0 and first["tokens_per_s"] > 0
+
+
+def test_full_mode_grpo_raises_logprob_of_advantaged_tokens(full_learner: Learner) -> None:
+    after = chosen_logprob(full_learner, fixed_batch())
+    assert after > full_learner.before + 0.1
+
+
+def test_several_minibatches_and_epochs() -> None:
+    cfg = make_cfg("lora", micro_batch_tokens=64)
+    cfg.train.minibatches = 2
+    cfg.train.epochs = 2
+    cfg.learner.optim.warmup_steps = 2
+    learner = Learner(cfg)
+    learner.setup()
+    m = learner.train_step(fixed_batch(6))
+    assert learner.step == 4 and learner.iteration == 1
+    assert m["ratio_std_after_first"] > 0  # later minibatches see the updated policy
+    assert m["lr"] == pytest.approx(1e-2)  # the 4th step's lr: warmup (2 steps) is over
+    assert m["samples"] == 6
+
+
+def test_sft_step_lowers_nll() -> None:
+    cfg = make_cfg("lora")
+    cfg.sft_warmup.lr = 1e-2
+    learner = Learner(cfg)
+    learner.setup()
+    batch = [{k: v for k, v in s.items() if k in ("prompt_ids", "response_ids", "loss_mask")} for s in fixed_batch()]
+    losses = [learner.sft_step(batch)["sft_loss"] for _ in range(4)]
+    assert losses[-1] < losses[0] - 0.1
+    with pytest.raises(ValueError, match="loss_mask 1"):
+        learner.sft_step([{**batch[0], "loss_mask": [0] * len(CHOSEN)}])
+
+
+def test_bad_sample_is_named() -> None:
+    learner = Learner(make_cfg("lora"))
+    learner.setup()
+    bad = fixed_batch(2)
+    bad[1] = {**bad[1], "loss_mask": [1, 1]}
+    with pytest.raises(ValueError, match="sample 1: loss_mask"):
+        learner.train_step(bad)
+
+
+def test_exported_adapter_loads_into_hf_engine_and_changes_it(lora_learner: Learner, tmp_path: Path) -> None:
+    adapter = lora_learner.export_adapter()
+    assert adapter is not None
+    json.dumps(adapter["config"])  # JSON-able
+    assert all(".default." not in k and "lora_" in k for k in adapter["state_dict"])
+    assert all(t.device.type == "cpu" for t in adapter["state_dict"].values())
+    prompt = fixed_batch(1)[0]["prompt_ids"]
+
+    async def go() -> tuple[list[float], list[float], int]:
+        engine = HFEngine(Config())
+        await engine.start()
+        try:
+            sampling = SamplingConfig(temperature=0, max_new_tokens=4, stop=[])
+            base = (await engine.generate(prompt, sampling)).logprobs
+            await engine.load_adapter(1, adapter)
+            tuned = await engine.generate(prompt, sampling)
+            return base, tuned.logprobs, tuned.version
+        finally:
+            await engine.shutdown()
+
+    base, tuned, version = asyncio.run(go())
+    assert version == 1
+    assert max(abs(a - b) for a, b in zip(base, tuned, strict=False)) > 1e-3
+
+    # PEFT format on disk: PEFT itself loads it, and a learner can start from it.
+    lora_learner.save_adapter(str(tmp_path / "adapter"))
+    assert {p.name for p in (tmp_path / "adapter").iterdir()} == {"adapter_config.json", "adapter_model.safetensors"}
+    cfg = make_cfg("lora")
+    cfg.finetune.init_adapter = str(tmp_path / "adapter")
+    warm = Learner(cfg)
+    warm.setup()
+    again = warm.export_adapter()
+    assert again is not None and again["state_dict"].keys() == adapter["state_dict"].keys()
+    for k, v in adapter["state_dict"].items():
+        assert torch.equal(again["state_dict"][k], v), k
+
+
+def test_exported_weights_update_hf_engine(full_learner: Learner) -> None:
+    chunks = full_learner.export_weights(max_chunk_bytes=1)  # every layer its own chunk
+    assert chunks is not None
+    base_names = {n for n, _ in full_learner.model.named_parameters()}
+    seen = [n for c in chunks for n in c]
+    assert sorted(seen) == sorted(base_names) and len(seen) == len(set(seen))
+    assert "model.layers.0.self_attn.q_proj.weight" in seen
+    for chunk in chunks:  # whole layers: one layer per chunk, never split
+        layers = {".".join(n.split(".")[:3]) for n in chunk if n.startswith("model.layers.")}
+        assert len(layers) <= 1
+    layer0 = next(c for c in chunks if "model.layers.0.mlp.up_proj.weight" in c)
+    assert sum(n.startswith("model.layers.0.") for n in layer0) == 9  # 7 linears + 2 norms
+    whole = full_learner.export_weights()
+    assert whole is not None and len(whole) == 1  # all fits one default-sized chunk
+    assert all(t.dtype == torch.bfloat16 for t in whole[0].values())
+    prompt = fixed_batch(1)[0]["prompt_ids"]
+
+    async def go() -> tuple[list[float], list[float], int]:
+        engine = HFEngine(Config())
+        await engine.start()
+        try:
+            sampling = SamplingConfig(temperature=0, max_new_tokens=4, stop=[])
+            before = (await engine.generate(prompt, sampling)).logprobs
+            await engine.update_weights(1, chunks)
+            after = await engine.generate(prompt, sampling)
+            return before, after.logprobs, after.version
+        finally:
+            await engine.shutdown()
+
+    before, after, version = asyncio.run(go())
+    assert version == 1
+    assert max(abs(a - b) for a, b in zip(before, after, strict=False)) > 1e-3
+
+
+def test_export_matches_mode(lora_learner: Learner, full_learner: Learner) -> None:
+    with pytest.raises(ValueError, match="use export_adapter"):
+        lora_learner.export_weights()
+    with pytest.raises(ValueError, match="use export_weights"):
+        full_learner.export_adapter()
+
+
+@pytest.mark.parametrize("mode", ["lora", "full"])
+def test_checkpoint_round_trip_is_exact(mode: str, tmp_path: Path) -> None:
+    def make() -> Learner:
+        cfg = make_cfg(mode, lr=1e-2 if mode == "lora" else 1e-3)
+        cfg.algorithm.kl_coef = 0.05
+        cfg.learner.reference = "ema"  # a moving reference: its state is checkpointed too
+        cfg.learner.reference_ema = 0.5
+        cfg.learner.optim.schedule = "cosine"
+        cfg.train.steps = 4
+        learner = Learner(cfg)
+        learner.setup()
+        return learner
+
+    batch = fixed_batch()
+    first = make()
+    first.train_step(batch)
+    first.save_checkpoint(str(tmp_path / "ckpt"), {"data_position": 17, "epoch": [1, 2]})
+    assert not list(tmp_path.glob(".ckpt.tmp-*"))  # the temporary folder was renamed
+    expected_metrics = first.train_step(batch)
+    expected = trained(first)
+    del first
+
+    second = make()
+    extra = second.load_checkpoint(str(tmp_path / "ckpt"))
+    assert extra == {"data_position": 17, "epoch": [1, 2]}
+    assert second.step == 1 and second.iteration == 1
+    metrics = second.train_step(batch)
+    for k in ("policy_loss", "kl", "ratio_mean", "grad_norm", "lr"):
+        assert metrics[k] == expected_metrics[k], k
+    got = trained(second)
+    assert got.keys() == expected.keys()
+    for name, value in expected.items():
+        assert torch.equal(got[name], value), name
+    # saving over an existing checkpoint replaces it
+    second.save_checkpoint(str(tmp_path / "ckpt"), {"data_position": 18})
+    assert json.loads((tmp_path / "ckpt" / "meta.json").read_text())["extra"] == {"data_position": 18}
+
+
+def test_bad_checkpoint_folder_is_a_clear_error(lora_learner: Learner, tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="does not exist"):
+        lora_learner.load_checkpoint(str(tmp_path / "missing"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match=r"meta\.json"):
+        lora_learner.load_checkpoint(str(tmp_path / "empty"))
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "meta.json").write_text(json.dumps({"format": 1, "mode": "full"}))
+    with pytest.raises(CheckpointError, match="'full' model"):
+        lora_learner.load_checkpoint(str(tmp_path / "other"))
+    with pytest.raises(ValueError, match="JSON"):
+        lora_learner.save_checkpoint(str(tmp_path / "x"), {"bad": object()})
+
+
+def test_bad_setup_inputs() -> None:
+    with pytest.raises(ValueError, match="rank 2"):
+        Learner(make_cfg(), rank=2, world_size=2, master_port=1234)
+    cfg = make_cfg()
+    cfg.finetune.init_adapter = "/nonexistent/adapter"
+    with pytest.raises(FileNotFoundError, match="init_adapter"):
+        Learner(cfg).setup()
