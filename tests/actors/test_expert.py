@@ -1,0 +1,187 @@
+"""Expert trajectories (actors/expert.py) against the real MCPToolEnv and the in-process offline tool pool:
+token-exact with the runner's layout, parsed back by a fresh env to the task's calls and answer, and
+rows with broken ground truth skipped and counted."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from actors.episode_runner import ChatTemplate
+from actors.expert import check_rows, expert_trajectories
+from actors.models import load_tokenizer
+from actors.trajectory import Trajectory
+from configs.loader import load_config
+from configs.schema import Config
+from envs.mcp_tool_env import MCPToolEnv, run_sync
+from envs.parsing import expert_turns
+from envs.tool_client import set_tool_client
+from serve_apps.tool_pool import LocalToolPool
+from tasks.io import read_rows
+from tests.actors.test_runner import check_token_exact
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def rows(tmp_path_factory) -> list[dict]:
+    out = tmp_path_factory.mktemp("tasks") / "rule.jsonl"
+    cmd = [sys.executable, "-m", "jobs.generate_tasks", "--method", "rule", "--n", "8", "--seed", "0"]
+    subprocess.run([*cmd, "--out", str(out)], cwd=ROOT, check=True, capture_output=True, timeout=300)
+    return read_rows(out)
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    return load_tokenizer(Config().model)
+
+
+@pytest.fixture(scope="module")
+def pool():
+    tools = load_config().tools
+    assert all(getattr(tools.servers, s).backend == "offline" for s in ("polygon", "fmp", "tavily", "slack"))
+    pool = run_sync(LocalToolPool.create(tools))
+    yield pool
+    run_sync(pool.close())
+
+
+@pytest.fixture
+def client(pool):
+    set_tool_client(pool)
+    yield pool
+    set_tool_client(None)
+
+
+def config(max_total_tokens: int = 32768) -> Config:
+    cfg = Config()
+    return cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"max_total_tokens": max_total_tokens})})
+
+
+def play(cfg: Config, rows: list[dict], tokenizer: Any) -> tuple[list[Trajectory], dict[str, Any]]:
+    stats: dict[str, Any] = {}
+    trajs = run_sync(expert_trajectories(cfg, rows, tokenizer, stats=stats))
+    return trajs, stats
+
+
+def as_returned(traj: Trajectory) -> dict[tuple[int, ...], list[list[int]]]:
+    """Each generated segment keyed by the ids before it, as if an engine had returned it."""
+    out: dict[tuple[int, ...], list[list[int]]] = {}
+    start = 0
+    for seg in traj.generated_segments():
+        while traj.loss_mask[start] == 0:
+            start += 1
+        out.setdefault(tuple(traj.prompt_ids + traj.response_ids[:start]), []).append(seg)
+        start += len(seg)
+    return out
+
+
+def broken(row: dict, task_id: str, **step: Any) -> dict:
+    row = copy.deepcopy(row)
+    gt = row["reward_spec"]["ground_truth"]
+    gt["task_id"] = task_id
+    gt["tool_sequence"][0].update(step)
+    first = gt["tool_sequence"][0]
+    gt["success"]["must_call_tool"] = f"{first['server']}.{first['tool']}"
+    return row
+
+
+# --------------------------------------------------------------------------- tests
+
+
+def test_expert_trajectories_are_token_exact_and_parse_back(rows, tokenizer, client):
+    cfg = config()
+    trajs, stats = play(cfg, rows, tokenizer)
+    tmpl = ChatTemplate(tokenizer)
+    assert stats["rows"] == stats["played"] == len(rows) == len(trajs)
+    assert stats["skipped"] == 0 and stats["skipped_tasks"] == {} and stats["truncated"] == 0
+
+    for i, (t, row) in enumerate(zip(trajs, rows, strict=True)):
+        gt = row["reward_spec"]["ground_truth"]
+        turns = expert_turns(row)
+        t.check(max_total_tokens=cfg.rollout.max_total_tokens)
+        assert (t.task_id, t.group_id, t.sample_index) == (gt["task_id"], i, 0)
+        assert t.finish_reason == "done" and not t.infra_fault
+        assert t.turns == len(turns) and t.appended_eot == [False] * t.turns
+        assert all(lp == 0.0 for lp in t.rollout_logprobs)
+        assert t.tool_stats["tool_ok"] == t.tool_stats["tool_calls"] == len(gt["tool_sequence"])
+
+        # Each generated segment is the expert's text followed by the end-of-turn, both trained.
+        segments = t.generated_segments()
+        assert len(segments) == len(turns)
+        for seg, text in zip(segments, turns, strict=True):
+            assert seg[-len(tmpl.eot_ids) :] == tmpl.eot_ids
+            assert tokenizer.decode(seg, skip_special_tokens=False) == text + tmpl.eot_text
+            assert tmpl.ends_turn(seg)
+
+        # The runner's own token-exactness check, and the whole conversation as the template tokenizes it.
+        check_token_exact(t, tokenizer, as_returned(t))
+        whole = tokenizer.apply_chat_template(t.messages, tokenize=False)[: -len(tmpl.after_eot_text)]
+        assert t.prompt_ids + t.response_ids == tokenizer.encode(whole, add_special_tokens=False)
+
+        # What a model trained on these ids would write, fed to a fresh env: the task's calls, then its answer.
+        env = MCPToolEnv({"env": cfg.env, "reward": cfg.reward}, extras=row)
+        run_sync(env.ainit(None))
+        metas = [run_sync(env.astep(tokenizer.decode(seg, skip_special_tokens=True)))["metadata"] for seg in segments]
+        calls = [c for m in metas for c in m["calls"]]
+        expected = [(f"{s['server']}.{s['tool']}", s["params"]) for s in gt["tool_sequence"]]
+        assert [(c["name"], c["arguments"]) for c in calls] == expected
+        assert all(c["ok"] for c in calls) and not any(m["parse_errors"] for m in metas)
+        assert metas[-1]["answer"] == str(gt["final_answer"]["value"])
+        assert metas[-1]["done_reason"] == "answer" and env.get_metrics()["reward/outcome"] > 0
+
+
+def test_broken_rows_are_skipped_and_counted(rows, tokenizer, client, caplog):
+    bad_args = broken(rows[1], "bad-args", params={"no_such_argument": 1})  # the tool refuses the call
+    bad_tool = broken(rows[0], "bad-tool", tool="no_such_tool")  # the env cannot resolve the name
+    good = rows[:2]
+    with caplog.at_level(logging.WARNING, logger="actors.expert"):
+        trajs, stats = play(config(), [good[0], bad_args, good[1], bad_tool], tokenizer)
+
+    assert [t.task_id for t in trajs] == [r["reward_spec"]["ground_truth"]["task_id"] for r in good]
+    assert [t.group_id for t in trajs] == [0, 2]  # the row index, skipped rows included
+    assert stats["rows"] == 4 and stats["played"] == 2 and stats["skipped"] == 2
+    assert set(stats["skipped_tasks"]) == {"bad-args", "bad-tool"}
+    assert "invalid_arguments" in stats["skipped_tasks"]["bad-args"]
+    assert "unknown tool" in stats["skipped_tasks"]["bad-tool"]
+    warned = " ".join(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    assert "bad-args" in warned and "bad-tool" in warned
+
+
+def test_task_without_final_answer_ends_with_its_last_call(rows, tokenizer, client):
+    row = copy.deepcopy(rows[0])
+    row["reward_spec"]["ground_truth"]["final_answer"] = None
+    (t,), stats = play(config(), [row], tokenizer)
+    t.check()
+    n_calls = len(row["reward_spec"]["ground_truth"]["tool_sequence"])
+    assert stats["skipped"] == 0 and t.finish_reason == "done"
+    assert t.turns == n_calls and t.env_metadata[-1]["done_reason"] == "sequence_complete"
+    assert t.messages[-1]["role"] == "assistant" and "<answer>" not in t.messages[-1]["content"]
+
+
+def test_token_budget_cuts_where_the_runner_would(rows, tokenizer, client):
+    cfg = config(max_total_tokens=1200)
+    trajs, stats = play(cfg, rows, tokenizer)
+    cut = [t for t in trajs if t.finish_reason == "token_budget"]
+    assert cut and stats["truncated"] == len(cut)
+    for t in trajs:
+        t.check(max_total_tokens=cfg.rollout.max_total_tokens)
+        assert t.turns >= 1
+    # A row whose prompt alone fills the budget teaches nothing: skipped, not an empty trajectory.
+    assert stats["played"] + stats["skipped"] == len(rows)
+    assert all("token budget" in why for why in stats["skipped_tasks"].values())
+
+
+def test_rows_without_tool_sequence_are_bad_input(rows, tokenizer):
+    row = copy.deepcopy(rows[0])
+    del row["reward_spec"]["ground_truth"]["tool_sequence"]
+    task_id = row["reward_spec"]["ground_truth"]["task_id"]
+    with pytest.raises(ValueError, match=rf"row 1 \({task_id}\).*tool_sequence"):
+        check_rows([rows[1], row])
+    with pytest.raises(ValueError, match="tool_sequence"):
+        run_sync(expert_trajectories(config(), [row], tokenizer))
