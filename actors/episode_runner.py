@@ -135,6 +135,7 @@ class _Episode:
     group_id: int
     sample_index: int
     task_id: str
+    sampling: SamplingConfig | None = None  # this run's override of cfg.rollout.sampling
     restarts: int = 0
     engine: int = -1
     result: Trajectory | None = None
@@ -216,12 +217,16 @@ class EpisodeRunner:
 
     # ------------------------------------------------------------------ public
 
-    async def run(self, tasks: Sequence[dict[str, Any]], group_size: int) -> list[Trajectory]:
-        """`group_size` episodes of each task; trajectories in input order (task-major)."""
+    async def run(
+        self, tasks: Sequence[dict[str, Any]], group_size: int, sampling: SamplingConfig | None = None
+    ) -> list[Trajectory]:
+        """`group_size` episodes of each task; trajectories in input order (task-major).
+
+        `sampling` replaces `cfg.rollout.sampling` for this call (e.g. greedy evaluation)."""
         if group_size < 1:
             raise ValueError("group_size must be >= 1")
         episodes = [
-            _Episode(task=dict(task), group_id=g, sample_index=s, task_id=_task_id(task, g))
+            _Episode(task=dict(task), group_id=g, sample_index=s, task_id=_task_id(task, g), sampling=sampling)
             for g, task in enumerate(tasks)
             for s in range(group_size)
         ]
@@ -340,7 +345,7 @@ class EpisodeRunner:
                 t = time.perf_counter()
                 await barrier.wait()
                 wait_s += time.perf_counter() - t
-                sampling = _capped(cfg.rollout.sampling, room)
+                sampling = _capped(ep.sampling or cfg.rollout.sampling, room)
                 t = time.perf_counter()
                 try:
                     gen: Generation = await engine.generate(traj.prompt_ids + traj.response_ids, sampling)

@@ -1,0 +1,475 @@
+"""Rollout engines and episode runners as Ray actors, driven as one group.
+
+    group = RolloutGroup(cfg, deploy_pool(cfg.tools))
+    await group.start()                          # E engine actors, then R runner actors
+    trajs = await group.run(tasks, group_size)   # whole GRPO groups split across the runners
+    await group.push_adapter(v, ray.put(adapter))
+    await group.shutdown()
+
+Actors:
+- `EngineHost` (E of them): builds `make_engine(cfg)` inside the actor and starts it there, so the
+  model (and vLLM's engine-core process) lives with the actor. Resources from `cfg.rollout`
+  (`num_cpus_per_engine`, `num_gpus_per_engine`). On CPU, engines placed on the same node share its
+  cores: vLLM engine k of n gets its own slice in `VLLM_CPU_OMP_THREADS_BIND` (else every engine
+  pins its worker to CPU 0); an HF engine sets `torch.set_num_threads(cores // n)` (Ray sets
+  OMP_NUM_THREADS=1 for actors with fractional CPUs, which would leave torch on one thread).
+- `RunnerHost` (R of them): an `EpisodeRunner` over `RemoteEngine` wrappers of ALL engines, so
+  each runner routes episodes least-loaded across every engine and fails over when one dies. Its
+  environments reach the tools through the `ServeToolPool` given to the group (Serve handles
+  pickle; the pool is registered with `set_tool_client` inside the actor).
+
+Weights travel through the object store once: the driver `ray.put`s an adapter (or weight chunks)
+and every engine reads the same object. `push_adapter` passes the ref as a top-level argument, so
+Ray resolves it before the engine's method runs (an adapter is small and needed whole; the fetch
+is part of the latency we measure from here). `push_weights` passes the chunk refs inside a list,
+which Ray does not resolve: the engine awaits them one at a time (`update_weights` awaits
+awaitable chunks), so a large model never sits in one engine twice.
+
+Faults: an engine actor that dies is marked dead here (and by each runner on its own failed
+request); its episodes restart on another engine (see actors/episode_runner.py). Pushes skip
+engines known dead and report them; a live engine that fails to load, or reports another version
+afterwards, is an error naming that engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from actors.engine_api import EngineError, EngineUnavailable, Generation
+from actors.trajectory import Trajectory
+from configs.schema import Config, SamplingConfig
+
+log = logging.getLogger(__name__)
+
+WARMUP_PROMPT = [1, 2, 3]  # valid ids in any vocabulary; the answer is thrown away
+ENGINE_MAX_CONCURRENCY = 10_000  # generate calls in flight per engine actor (Ray's async default is 1000)
+SHUTDOWN_TIMEOUT_S = 60.0
+
+
+class RolloutGroupError(RuntimeError):
+    """A group operation failed on named engines or runners."""
+
+
+def node_cores() -> list[int]:
+    """The CPU ids this process may run on."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return list(range(os.cpu_count() or 1))
+
+
+def core_slice(cores: Sequence[int], rank: int, count: int) -> list[int]:
+    """Engine `rank` of `count` on one node gets a contiguous, disjoint slice of `cores`; with more
+    engines than cores, engines share cores round-robin (one each)."""
+    if count < 1 or not 0 <= rank < count:
+        raise ValueError(f"rank {rank} of {count} engines is out of range")
+    n = len(cores)
+    if count > n:
+        return [cores[rank % n]]
+    return list(cores[rank * n // count : (rank + 1) * n // count])
+
+
+def cpu_list(cores: Sequence[int]) -> str:
+    """'0-3' for a contiguous run, '0,2,5' otherwise (the form VLLM_CPU_OMP_THREADS_BIND reads)."""
+    cores = sorted(cores)
+    if cores == list(range(cores[0], cores[-1] + 1)):
+        return f"{cores[0]}-{cores[-1]}" if len(cores) > 1 else str(cores[0])
+    return ",".join(map(str, cores))
+
+
+def describe(error: BaseException) -> str:
+    """'Type: message' of the error, of its cause for a RayTaskError (not the remote traceback)."""
+    from ray.exceptions import RayTaskError
+
+    cause = error.cause if isinstance(error, RayTaskError) and error.cause is not None else error
+    return f"{type(cause).__name__}: {cause}"
+
+
+# --------------------------------------------------------------------------- engine side
+
+
+class EngineHost:
+    """One rollout engine inside a Ray actor (plain class; `ray.remote` is applied in RolloutGroup)."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.engine: Any = None
+        self.placement: dict[str, Any] = {}
+
+    def node(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+    async def start(self, local_rank: int, local_count: int) -> dict[str, Any]:
+        """Build and start the engine; `local_rank` of `local_count` engines on this node."""
+        from actors.engines import choose_backend, make_engine
+
+        backend = choose_backend(self.cfg)
+        on_cpu = self.cfg.rollout.num_gpus_per_engine == 0
+        cores = core_slice(node_cores(), local_rank, local_count)
+        placement: dict[str, Any] = {"backend": backend, "pid": os.getpid()}
+        if on_cpu and backend == "vllm":
+            # Read by the engine-core process vLLM spawns from this one.
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = placement["cpu_bind"] = cpu_list(cores)
+        if on_cpu and backend == "hf":
+            import torch
+
+            torch.set_num_threads(len(cores))
+            placement["torch_threads"] = torch.get_num_threads()
+        t0 = time.monotonic()
+        self.engine = make_engine(self.cfg)
+        await self.engine.start()
+        placement["start_s"] = time.monotonic() - t0
+        self.placement = placement
+        return placement
+
+    async def generate(self, prompt_token_ids: list[int], sampling: SamplingConfig) -> Generation:
+        if self.engine is None:
+            raise EngineUnavailable("engine actor not started")
+        return await self.engine.generate(prompt_token_ids, sampling)
+
+    async def load_adapter(self, version: int, adapter: dict[str, Any]) -> float:
+        """Load the adapter (resolved by Ray from the pushed object ref); seconds spent loading."""
+        t0 = time.monotonic()
+        await self.engine.load_adapter(version, adapter)
+        return time.monotonic() - t0
+
+    async def update_weights(self, version: int, chunk_refs: list[Any]) -> float:
+        """Replace the weights from object refs of {name: tensor} chunks, fetched one at a time."""
+        t0 = time.monotonic()
+        await self.engine.update_weights(version, chunk_refs)  # ObjectRefs are awaitable: awaited in turn
+        return time.monotonic() - t0
+
+    def version(self) -> int:
+        return self.engine.version() if self.engine is not None else -1
+
+    def stats(self) -> dict[str, Any]:
+        return {**(self.engine.stats() if self.engine is not None else {}), "placement": self.placement}
+
+    async def shutdown(self) -> None:
+        if self.engine is not None:
+            engine, self.engine = self.engine, None
+            await engine.shutdown()  # vLLM: stops the engine core, frees its shared memory
+
+
+class RemoteEngine:
+    """An engine actor handle that the EpisodeRunner can use like a local engine.
+
+    Errors: an `EngineError` raised in the actor (the request's fault) comes back as that
+    EngineError; anything else, and the actor's death, comes back as `EngineUnavailable` (not an
+    EngineError), so the runner restarts the episode on another engine."""
+
+    def __init__(self, handle: Any, index: int = -1) -> None:
+        self.handle = handle
+        self.index = index
+
+    async def generate(self, prompt_token_ids: list[int], sampling: SamplingConfig) -> Generation:
+        from ray.exceptions import RayActorError, RayError, RayTaskError
+
+        try:
+            return await self.handle.generate.remote(list(prompt_token_ids), sampling)
+        except RayTaskError as e:
+            cause = e.cause
+            if isinstance(cause, EngineError):
+                raise cause from e
+            raise EngineUnavailable(f"engine {self.index}: {describe(e)}") from e
+        except RayActorError as e:  # ActorDiedError, ActorUnavailableError
+            raise EngineUnavailable(f"engine actor {self.index} is gone: {type(e).__name__}") from e
+        except RayError as e:
+            raise EngineUnavailable(f"engine {self.index}: {type(e).__name__}: {e}") from e
+
+
+# --------------------------------------------------------------------------- runner side
+
+
+class RunnerHost:
+    """An EpisodeRunner inside a Ray actor, over every engine of the group."""
+
+    def __init__(self, cfg: Config, engines: list[Any], tool_pool: Any) -> None:
+        from actors.episode_runner import EpisodeRunner
+        from actors.models import load_tokenizer
+        from envs.tool_client import set_tool_client
+
+        set_tool_client(tool_pool)  # this actor's process builds the environments
+        self.runner = EpisodeRunner(
+            cfg,
+            [RemoteEngine(h, i) for i, h in enumerate(engines)],
+            load_tokenizer(cfg.model),
+            max_concurrent_episodes=cfg.rollout.max_concurrent_episodes,
+            progress=False,
+        )
+
+    async def run(
+        self, tasks: list[dict[str, Any]], group_size: int, sampling: SamplingConfig | None = None
+    ) -> list[Trajectory]:
+        return await self.runner.run(tasks, group_size, sampling)
+
+    def stats(self) -> dict[str, Any]:
+        return self.runner.stats()
+
+
+# --------------------------------------------------------------------------- the group
+
+
+def split_evenly(n: int, parts: int) -> list[tuple[int, int]]:
+    """`parts` contiguous [start, end) ranges covering range(n), sizes differing by at most one."""
+    return [(k * n // parts, (k + 1) * n // parts) for k in range(parts)]
+
+
+class RolloutGroup:
+    """`cfg.rollout.engines` engine actors and `cfg.rollout.runners` runner actors (see the module doc)."""
+
+    def __init__(self, cfg: Config, tool_pool: Any, *, start_timeout_s: float = 900.0) -> None:
+        """`tool_pool`: what `deploy_pool` returned (it must pickle: it travels to the runner actors)."""
+        self.cfg = cfg
+        self.tool_pool = tool_pool
+        self.start_timeout_s = start_timeout_s
+        self.engines: list[Any] = []  # actor handles, index = engine id in trajectories
+        self.runners: list[Any] = []
+        self.dead: set[int] = set()  # engines known dead here
+        self.placements: list[dict[str, Any]] = []
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        import ray
+        from ray import cloudpickle
+
+        if self.engines:
+            raise RolloutGroupError("RolloutGroup.start() was already called")
+        try:
+            cloudpickle.dumps(self.tool_pool)
+        except Exception as e:
+            raise TypeError(
+                f"the tool pool ({type(self.tool_pool).__name__}) does not pickle, so runner actors cannot use it: "
+                f"pass the ServeToolPool that deploy_pool returned ({type(e).__name__}: {e})"
+            ) from e
+        r = self.cfg.rollout
+        engine_actor = ray.remote(EngineHost).options(
+            num_cpus=r.num_cpus_per_engine, num_gpus=r.num_gpus_per_engine, max_concurrency=ENGINE_MAX_CONCURRENCY
+        )
+        self.engines = [engine_actor.remote(self.cfg) for _ in range(r.engines)]
+        try:
+            # Engines sharing a node share its cores: rank them per node before they start.
+            nodes = await self._within(
+                asyncio.gather(*(h.node.remote() for h in self.engines)),
+                f"placing {r.engines} engine actor(s) ({r.num_cpus_per_engine} CPU, {r.num_gpus_per_engine} GPU each)",
+            )
+            per_node, seen = Counter(nodes), Counter[str]()
+            ranks = []
+            for node in nodes:
+                ranks.append((seen[node], per_node[node]))
+                seen[node] += 1
+            self.placements = await self._within(
+                asyncio.gather(*(h.start.remote(k, n) for h, (k, n) in zip(self.engines, ranks, strict=True))),
+                f"starting {r.engines} engine(s)",
+            )
+            warm = SamplingConfig(temperature=0, max_new_tokens=2, stop=[])
+            await self._within(
+                asyncio.gather(*(h.generate.remote(WARMUP_PROMPT, warm) for h in self.engines)), "warm-up requests"
+            )
+            runner_actor = ray.remote(RunnerHost).options(num_cpus=r.num_cpus_per_runner, max_concurrency=1000)
+            self.runners = [runner_actor.remote(self.cfg, self.engines, self.tool_pool) for _ in range(r.runners)]
+            await self._within(
+                asyncio.gather(*(h.stats.remote() for h in self.runners)),
+                f"placing {r.runners} runner actor(s) ({r.num_cpus_per_runner} CPU each)",
+            )
+        except BaseException:
+            await self.shutdown()
+            raise
+        log.info("rollout group: %d engine(s) %s, %d runner(s)", len(self.engines), self.placements, len(self.runners))
+
+    async def _within(self, awaitable: Any, what: str) -> Any:
+        import ray
+
+        try:
+            return await asyncio.wait_for(awaitable, self.start_timeout_s)
+        except TimeoutError:
+            raise RolloutGroupError(
+                f"{what} did not finish within {self.start_timeout_s:.0f} s; the cluster has "
+                f"{ray.available_resources()} available of {ray.cluster_resources()} (actors wait for resources)"
+            ) from None
+
+    async def shutdown(self) -> None:
+        """Stop the runners, then each engine (engine.shutdown() in the actor first: vLLM leaks shared
+        memory otherwise), then kill the actors. Safe to call twice and after engines died."""
+        import ray
+
+        runners, self.runners = self.runners, []
+        for h in runners:
+            ray.kill(h)
+        engines, self.engines = self.engines, []
+
+        async def stop(i: int, h: Any) -> None:
+            if i not in self.dead:
+                try:
+                    await asyncio.wait_for(h.shutdown.remote(), SHUTDOWN_TIMEOUT_S)
+                except Exception as e:  # dead already, or stuck: killing it is all that is left
+                    log.warning("engine %d did not shut down cleanly: %s: %s", i, type(e).__name__, e)
+            ray.kill(h)
+
+        await asyncio.gather(*(stop(i, h) for i, h in enumerate(engines)))
+        self.dead.clear()
+
+    # ------------------------------------------------------------------ rollouts
+
+    async def run(
+        self, tasks: Sequence[dict[str, Any]], group_size: int, sampling: SamplingConfig | None = None
+    ) -> list[Trajectory]:
+        """`group_size` episodes of each task, whole groups split evenly across the runners; results in
+        input order (task-major), `group_id` = the task's index in `tasks`. `sampling` overrides
+        `cfg.rollout.sampling` for this call."""
+        if not self.runners:
+            raise RolloutGroupError("RolloutGroup is not started: await group.start() first")
+        if group_size < 1:
+            raise ValueError(f"group_size must be >= 1, got {group_size}")
+        tasks = list(tasks)
+        ranges = [(k, a, b) for k, (a, b) in enumerate(split_evenly(len(tasks), len(self.runners))) if b > a]
+        results = await asyncio.gather(
+            *(self.runners[k].run.remote(tasks[a:b], group_size, sampling) for k, a, b in ranges),
+            return_exceptions=True,
+        )
+        failed = [(k, r) for (k, _, _), r in zip(ranges, results, strict=True) if isinstance(r, BaseException)]
+        if failed:
+            detail = "; ".join(f"runner {k}: {describe(e)}" for k, e in failed)
+            lost = sum(b - a for k, a, b in ranges if any(k == f for f, _ in failed))
+            raise RolloutGroupError(f"{lost} task(s) lost with failed runner(s): {detail}") from failed[0][1]
+        out: list[Trajectory] = []
+        for (_, a, _), trajs in zip(ranges, results, strict=True):
+            for t in trajs:
+                t.group_id += a  # runners number groups from 0 within their share
+                out.append(t)
+        return out
+
+    # ------------------------------------------------------------------ policy updates
+
+    async def push_adapter(self, version: int, adapter_ref: Any) -> dict[str, Any]:
+        """Every live engine loads LoRA `version` from the one object `adapter_ref` (from `ray.put`).
+
+        Returns {"version", "latency_s" (the slowest engine, as seen from here: fetch + load),
+        "per_engine_s" (aligned with "engines"), "engines", "dead_engines"}. Raises naming each live
+        engine that failed to load it or reports another version afterwards."""
+        import ray
+
+        if not isinstance(adapter_ref, ray.ObjectRef):
+            raise TypeError(f"adapter_ref must be the ObjectRef of ray.put(adapter), got {type(adapter_ref).__name__}")
+        return await self._push(version, "adapter", lambda h: h.load_adapter.remote(version, adapter_ref))
+
+    async def push_weights(self, version: int, chunk_refs: Sequence[Any]) -> dict[str, Any]:
+        """Every live engine replaces its weights from the chunks' object refs (each a {name: tensor}
+        dict from `ray.put`), fetching one chunk at a time. Same result and errors as push_adapter."""
+        import ray
+
+        refs = list(chunk_refs)
+        bad = [i for i, r in enumerate(refs) if not isinstance(r, ray.ObjectRef)]
+        if bad or not refs:
+            raise TypeError(f"chunk_refs must be a non-empty list of ObjectRefs (ray.put); not refs at {bad[:5]}")
+        return await self._push(version, "weights", lambda h: h.update_weights.remote(version, refs))
+
+    async def _push(self, version: int, what: str, call: Any) -> dict[str, Any]:
+        from ray.exceptions import RayActorError
+
+        if not self.engines:
+            raise RolloutGroupError("RolloutGroup is not started: await group.start() first")
+        live = [i for i in range(len(self.engines)) if i not in self.dead]
+
+        async def one(i: int) -> float:
+            t0 = time.perf_counter()
+            await call(self.engines[i])
+            return time.perf_counter() - t0
+
+        results = await asyncio.gather(*(one(i) for i in live), return_exceptions=True)
+        errors: dict[int, str] = {}
+        times: dict[int, float] = {}
+        for i, r in zip(live, results, strict=True):
+            if isinstance(r, RayActorError):
+                self._mark_dead(i, r)
+            elif isinstance(r, BaseException):
+                errors[i] = describe(r)
+            else:
+                times[i] = r
+        reported = await self._versions([i for i in times])
+        for i, v in reported.items():
+            if v != version and i not in self.dead:
+                errors[i] = f"reports version {v} after loading {what} v{version}"
+        if errors:
+            detail = "; ".join(f"engine {i}: {msg}" for i, msg in sorted(errors.items()))
+            raise RolloutGroupError(f"push of {what} v{version} failed on {len(errors)} engine(s): {detail}")
+        done = [i for i in live if i in times and i not in self.dead]
+        if not done:
+            raise RolloutGroupError(f"push of {what} v{version}: no live engine left (dead: {sorted(self.dead)})")
+        per_engine = [times[i] for i in done]
+        return {
+            "version": version,
+            "latency_s": max(per_engine),
+            "per_engine_s": per_engine,
+            "engines": done,
+            "dead_engines": sorted(self.dead),
+        }
+
+    def _mark_dead(self, index: int, error: BaseException) -> None:
+        if index not in self.dead:
+            log.warning("engine %d is dead (%s): skipped from now on", index, type(error).__name__)
+        self.dead.add(index)
+
+    async def _versions(self, indices: Sequence[int]) -> dict[int, int]:
+        from ray.exceptions import RayActorError
+
+        results = await asyncio.gather(*(self.engines[i].version.remote() for i in indices), return_exceptions=True)
+        out: dict[int, int] = {}
+        for i, r in zip(indices, results, strict=True):
+            if isinstance(r, RayActorError):
+                self._mark_dead(i, r)
+            elif isinstance(r, BaseException):
+                raise RolloutGroupError(f"engine {i}: version() failed: {describe(r)}") from r
+            else:
+                out[i] = int(r)
+        return out
+
+    # ------------------------------------------------------------------ introspection
+
+    def versions(self) -> list[int]:
+        """The version each engine gives new requests (-1 for a dead engine)."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        out = []
+        for i, h in enumerate(self.engines):
+            try:
+                out.append(-1 if i in self.dead else int(ray.get(h.version.remote())))
+            except RayActorError as e:
+                self._mark_dead(i, e)
+                out.append(-1)
+        return out
+
+    def stats(self) -> dict[str, Any]:
+        """Runner progress (summed, and per runner) and each engine's stats ({"dead": True} once gone)."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        def get(handle: Any) -> dict[str, Any] | None:
+            try:
+                return ray.get(handle.stats.remote())
+            except RayActorError:
+                return None
+
+        runners = [get(h) or {"dead": True} for h in self.runners]
+        engines: list[dict[str, Any]] = []
+        for i, h in enumerate(self.engines):
+            s = None if i in self.dead else get(h)
+            if s is None:
+                self.dead.add(i)
+            engines.append(s if s is not None else {"dead": True})
+        keys = ("episodes", "done", "running", "failed", "restarts", "generated_tokens", "tokens_per_s")
+        total = {k: sum(r.get(k, 0) for r in runners) for k in keys}
+        return {**total, "runners": runners, "engines": engines, "dead_engines": sorted(self.dead)}
+
+
+__all__ = ["EngineHost", "RemoteEngine", "RolloutGroup", "RolloutGroupError", "RunnerHost", "core_slice", "cpu_list"]
