@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import math
 import sys
@@ -345,7 +346,7 @@ class EpisodeRunner:
                 t = time.perf_counter()
                 await barrier.wait()
                 wait_s += time.perf_counter() - t
-                sampling = _capped(ep.sampling or cfg.rollout.sampling, room)
+                sampling = _turn_sampling(_capped(ep.sampling or cfg.rollout.sampling, room), ep, traj.turns)
                 t = time.perf_counter()
                 try:
                     gen: Generation = await engine.generate(traj.prompt_ids + traj.response_ids, sampling)
@@ -454,6 +455,16 @@ def _capped(sampling: SamplingConfig, room: int) -> SamplingConfig:
     if sampling.max_new_tokens <= room:
         return sampling
     return sampling.model_copy(update={"max_new_tokens": room})
+
+
+def _turn_sampling(sampling: SamplingConfig, ep: _Episode, turn: int) -> SamplingConfig:
+    """With a seed, each generation gets its own, derived from (seed, episode, turn): the G samples of
+    a group differ, and a rerun (a resumed training run) draws the same tokens. A restart on another
+    engine reuses the seeds, so a restarted episode is the episode it replaces."""
+    if sampling.seed is None:
+        return sampling
+    key = f"{sampling.seed}|{ep.group_id}|{ep.task_id}|{ep.sample_index}|{turn}".encode()
+    return sampling.model_copy(update={"seed": int.from_bytes(hashlib.blake2b(key, digest_size=4).digest(), "big")})
 
 
 def _task_id(task: dict[str, Any], index: int) -> str:
