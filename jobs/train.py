@@ -122,9 +122,13 @@ class Driver:
         await self.rollout.start()
 
         learner_cfg = cfg
+        warm = self.run_dir / "sft"
         if ckpt is None and cfg.sft_warmup.enabled and cfg.finetune.mode == "lora":
             await self._evaluate("base")
-            learner_cfg = await self._warm_start()
+            learner_cfg = await self._warm_start(warm)
+        elif ckpt is not None and (warm / "adapter_config.json").is_file():
+            learner_cfg = cfg.model_copy(deep=True)  # the same learner as before (its KL reference included)
+            learner_cfg.finetune.init_adapter = str(warm)
         print(f"starting the learner group ({cfg.learner.workers} worker(s))", flush=True)
         self.learner = LearnerGroup(learner_cfg)
         info = await asyncio.to_thread(self.learner.start)
@@ -138,7 +142,8 @@ class Driver:
             if self.version > 0:
                 await self._push(self.version)
         elif learner_cfg is not cfg:  # the warm start's adapter becomes policy v1 on the engines
-            await self._push(1)
+            self.version = 1
+            await self._push(self.version)
             await self._evaluate("after warm start")
         elif cfg.data.validation:
             await self._evaluate("base")
@@ -290,14 +295,13 @@ class Driver:
         refs = await asyncio.to_thread(self.learner.export_weights_refs)
         return await self.rollout.push_weights(version, refs)
 
-    async def _warm_start(self) -> Config:
+    async def _warm_start(self, out: Path) -> Config:
         """Train the warm start in a one-worker Ray task and start the learner group from its adapter."""
         import ray
 
         from jobs.sft import run_sft
 
         cfg = self.cfg
-        out = self.run_dir / "sft"
         print(f"warm start: {cfg.sft_warmup.steps} SFT steps on expert trajectories", flush=True)
         task = ray.remote(num_cpus=cfg.learner.num_cpus_per_worker, num_gpus=cfg.learner.num_gpus_per_worker)(_sft_task)
         result = await task.remote(cfg, self.pf.train_rows, str(out), run_sft)
