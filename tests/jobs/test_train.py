@@ -80,9 +80,11 @@ def test_two_steps_write_checkpoints_metrics_wandb_and_a_report(unbroken: Path) 
         for key in ("train/policy_loss", "train/kl", "train/grad_norm", "train/lr", "rollout/episode_reward"):
             assert key in m and m[key] == m[key], key  # present and not NaN
     evals = [r for r in history(unbroken) if "eval/success_rate" in r]
-    assert len(evals) == 2  # at the start and at the end
+    assert len(evals) == 3  # base, after the warm start, after GRPO
+    summary = (unbroken / "report" / "summary.md").read_text()
+    for stage in ("base", "after warm start", "after GRPO"):
+        assert f"| {stage} |" in summary, stage
     assert list((unbroken / "wandb").glob("offline-run-*")), "no offline W&B run written"
-    assert (unbroken / "report" / "summary.md").is_file()
     assert (unbroken / "final_adapter" / "adapter_model.safetensors").is_file()
 
 
