@@ -3,6 +3,7 @@
     python -m jobs.benchmark --suite tools [--calls 300] [--out bench_results/tools.json]
     python -m jobs.benchmark --suite env [--calls 300]
     python -m jobs.benchmark --suite rollout [--calls 300]
+    python -m jobs.benchmark --suite train      (sizes: python -m jobs.bench_train --help)
 
 Suite `tools`: one cheap tool (polygon.previous_close, offline) called through three doors —
 the in-process FastMCP client, a Serve handle, and MCP over HTTP through Serve's proxy — and a
@@ -675,10 +676,18 @@ def print_rollout(report: dict[str, Any], console: Console) -> None:
     console.print(f"suite wall time: {report['wall_s']:.0f} s")
 
 
+def suite_train(cfg: Config, calls: int, console: Console) -> dict[str, Any]:
+    """The learner and the weight push, with their own sizes (`python -m jobs.bench_train --help`); prints itself."""
+    from jobs.bench_train import run_train_suite
+
+    return run_train_suite(None)
+
+
 SUITES = {
     "tools": (suite_tools, print_tools),
     "env": (suite_env, print_env),
     "rollout": (suite_rollout, print_rollout),
+    "train": (suite_train, lambda report, console: None),
 }
 
 
