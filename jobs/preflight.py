@@ -342,7 +342,8 @@ def plan_lines(cfg: Config) -> list[str]:
     ]
     if cfg.sft_warmup.enabled:
         lines.append(f"warm start: {cfg.sft_warmup.steps} SFT steps × {cfg.sft_warmup.batch_size} expert trajectories")
-    evals = f"every {t.eval_every} steps" if t.eval_every else "at the start and the end"
+    stages = "base, after the warm start and at the end" if cfg.sft_warmup.enabled else "at the start and the end"
+    evals = f"{stages}, and every {t.eval_every} steps" if t.eval_every else stages
     lines.append(f"evaluation: {t.eval_tasks} validation tasks, greedy, {evals}" if cfg.data.validation else "")
     ck = f"every {t.checkpoint_every} steps and at the end" if t.checkpoint_every else "at the end"
     lines.append(f"checkpoints: {ck}, under {Path(t.output_dir) / cfg.run_name}")
