@@ -228,10 +228,13 @@ class Driver:
     def _deploy_judge(self) -> None:
         if self.cfg.reward.backend == "heuristic":
             return
-        from serve_apps.judge import deploy_judge
+        from envs.judge import set_judge
+        from serve_apps.judge import deploy_judge, judge_client
 
+        # The runners' envs reach the judge through Serve; the driver itself scores whole groups (group_judge).
         if self.cfg.reward.judge.serve:
             self.judge = deploy_judge(self.cfg.reward)
+        set_judge(self.judge or judge_client(self.cfg.reward))
 
     async def _rollout(self, tasks: list[dict[str, Any]], step: int) -> list[Any]:
         sampling = self.cfg.rollout.sampling.model_copy(update={"seed": step_seed(self.cfg, step)})
