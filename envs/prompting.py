@@ -49,10 +49,35 @@ def template_uses_tools(tokenizer: PreTrainedTokenizerBase) -> bool:
     return _uses_tools[key]
 
 
+# Schema keywords that only constrain a value's shape: the server validates every call against the full
+# schema and names the field that fails, so the prompt can leave them out. Regex patterns especially
+# cost many tokens (about a third of the tool block) and tell a small model little.
+PROMPT_OMITTED_KEYWORDS = frozenset({"pattern", "minLength", "maxLength", "additionalProperties", "$schema", "title"})
+
+
+def compact_schema(schema: Any) -> Any:
+    """A JSON Schema without PROMPT_OMITTED_KEYWORDS, at every level (property names are kept)."""
+    if isinstance(schema, list):
+        return [compact_schema(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for key, value in schema.items():
+        if key in PROMPT_OMITTED_KEYWORDS:
+            continue
+        if key == "properties" and isinstance(value, dict):  # keys here are parameter names, not keywords
+            out[key] = {name: compact_schema(prop) for name, prop in value.items()}
+        else:
+            out[key] = compact_schema(value)
+    return out
+
+
 def tool_block(tools: list[dict[str, Any]], final_answer: str = "tag") -> str:
     """The system-prompt text that presents the tools to a template that cannot."""
     lines = [
-        json.dumps({"name": t["name"], "description": t.get("description", ""), "parameters": t["parameters"]})
+        json.dumps(
+            {"name": t["name"], "description": t.get("description", ""), "parameters": compact_schema(t["parameters"])}
+        )
         for t in tools
     ]
     return "\n".join([TOOL_INSTRUCTION.replace("{answer_format}", ANSWER_FORMATS[final_answer]), *lines])

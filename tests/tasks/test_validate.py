@@ -336,6 +336,7 @@ def test_smollm2_template_gets_a_system_tool_block(tokenizer: Any, listing: Any)
         "polygon.ticker_details",
     ]
     assert lines[0]["parameters"]["required"] == ["ticker"] and lines[0]["description"]
+    assert '"pattern"' not in head and '"maxLength"' not in head  # validation-only keywords stay server-side
     assert tail == "NVDA's last close?<|im_end|>\n<|im_start|>assistant\n"
 
     without_system = render_prompt(tokenizer, [user], tools)  # a system message holding only the tools
@@ -366,3 +367,25 @@ def test_token_count_uses_the_task_servers_tools(tokenizer: Any, listing: Any) -
     only_task = {k: listing[k] for k in ("polygon", "slack")}
     assert count_prompt_tokens(tokenizer, task, only_task) == full
     assert count_prompt_tokens(tokenizer, task, {"polygon": listing["polygon"]}) < full
+
+
+def test_compact_schema_drops_validation_keywords_but_keeps_parameter_names() -> None:
+    from envs.prompting import compact_schema
+
+    schema = {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "pattern": {"type": "string", "pattern": "^a+$", "maxLength": 3, "description": "a param"},
+            "items": {"type": "array", "items": {"type": "string", "minLength": 1}},
+        },
+        "required": ["pattern"],
+    }
+    assert compact_schema(schema) == {
+        "type": "object",
+        "properties": {
+            "pattern": {"type": "string", "description": "a param"},
+            "items": {"type": "array", "items": {"type": "string"}},
+        },
+        "required": ["pattern"],
+    }
