@@ -13,10 +13,14 @@ sampled it, and requests with different sampling knobs must share one batch.
   batch composition is the same).
 - Stop strings are looked for in the decoded text of the new tokens; the token that completes one
   is kept, so the stop string stays in the output. EOS ends a request too (and is kept).
-- LoRA: version v is the PEFT adapter `v<v>` (version 0 = the base model). A request pins the
-  version that was current when it arrived; a batch holds one version, passed to PEFT per forward
-  as `adapter_names`, so loading a new adapter between two decode steps never changes a running
-  request. An old adapter is deleted once no request pins it.
+- LoRA: adapters live in slots, PEFT adapters `slot<k>` created once and reused (building PEFT's
+  modules in every layer costs ~10x copying the weights). Version 0 (and the version after a
+  full-weight update) is the base model. A request pins the version that was current when it
+  arrived; a batch holds one version, passed to PEFT per forward as `adapter_names` (its slot), so
+  loading a new adapter between two decode steps never changes a running request. A new version is
+  copied in place into a slot that holds neither the current version nor one a request pins; a new
+  slot is made only when every slot is taken (or none has the new adapter's config). Adapters come
+  in either form of actors.learner (`{"config", "safetensors"}` or `{"config", "state_dict"}`).
 - Full weights (`update_weights`): waits for the running batch to finish (so every token of a
   request comes from one version), then copies chunk by chunk into the parameters in place.
 
@@ -47,8 +51,19 @@ log = logging.getLogger(__name__)
 _BASE = "__base__"  # PEFT's name for "no adapter" in a mixed `adapter_names` forward
 
 
-def adapter_name(version: int) -> str:
-    return f"v{version}"
+def slot_name(index: int) -> str:
+    """PEFT's adapter name of slot `index` (no dots: PEFT keys put it between two dots)."""
+    return f"slot{index}"
+
+
+@dataclass
+class _Slot:
+    """One PEFT adapter reused across versions: `version` is what it holds (None: free)."""
+
+    name: str
+    config: dict[str, Any]  # the adapter config it was built with (minus inference_mode)
+    params: dict[str, torch.Tensor]  # PEFT state-dict key (no adapter name) -> its parameter
+    version: int | None = None
 
 
 @dataclass
@@ -73,7 +88,9 @@ class HFEngine:
         self._pad_id = 0
         self._version = 0
         self._pinned: collections.Counter[int] = collections.Counter()  # version -> live requests
-        self._adapters: set[int] = set()  # versions loaded as PEFT adapters
+        self._slots: list[_Slot] = []
+        self._slot_of: dict[int, _Slot] = {}  # version -> the slot holding it (current or pinned)
+        self._adapter_lock: asyncio.Lock | None = None  # one load_adapter at a time
         self._pending: list[_Request] = []
         self._work: asyncio.Event | None = None
         self._batch_turn: asyncio.Lock | None = None  # held by a running batch; update_weights waits on it
@@ -103,6 +120,7 @@ class HFEngine:
         self._pad_id = pad if pad is not None else min(self._eos, default=0)
         self._work = asyncio.Event()
         self._batch_turn = asyncio.Lock()
+        self._adapter_lock = asyncio.Lock()
         self._scheduler = asyncio.create_task(self._schedule(), name="hf-engine-scheduler")
         self.load_s = time.monotonic() - t0
         log.info("HF engine: %s on %s in %.1f s", self.cfg.model.name, self._device, self.load_s)
@@ -158,6 +176,8 @@ class HFEngine:
                 self._pending = [r for r in self._pending if id(r) not in chosen]
                 if not self._pending:
                     self._work.clear()
+                # The batch pins its version too: callers that go away must not free its slot mid-batch.
+                self._pinned[version] += 1
                 try:
                     results = await asyncio.to_thread(self._decode, batch)
                 except Exception as e:  # a failed batch fails its requests, not the engine
@@ -166,6 +186,8 @@ class HFEngine:
                         if not r.future.done():
                             r.future.set_exception(EngineUnavailable(f"generation failed: {e!r}"))
                     continue
+                finally:
+                    self._pinned[version] -= 1
                 for r, gen in zip(batch, results, strict=True):
                     if not r.future.done():
                         r.future.set_result(gen)
@@ -194,11 +216,8 @@ class HFEngine:
         out_lp: list[list[float]] = [[] for _ in batch]
         finish: list[str | None] = [None] * n
         seen = [set(r.prompt) for r in batch]  # for the repetition penalty
-        extra: dict[str, Any] = {}
-        if self._adapters or self._is_peft():
-            extra["adapter_names"] = [
-                adapter_name(batch[0].version) if batch[0].version in self._adapters else _BASE
-            ] * n
+        slot = self._slot_of.get(batch[0].version)  # fixed while the batch pins its version
+        adapter_names = [slot.name if slot is not None else _BASE] * n
         cache = None
         step_input = ids
         first_token_s = 0.0
@@ -211,7 +230,8 @@ class HFEngine:
                     past_key_values=cache,
                     use_cache=True,
                     logits_to_keep=1,
-                    **extra,
+                    # Per step: a first adapter load wraps the model in PEFT between two steps.
+                    **({"adapter_names": adapter_names} if self._is_peft() else {}),
                 )
             cache = out.past_key_values
             logits = out.logits[:, -1, :].float()
@@ -295,58 +315,104 @@ class HFEngine:
     # ------------------------------------------------------------------ LoRA versions
 
     async def load_adapter(self, version: int, adapter: dict[str, Any]) -> None:
-        if version <= self._version:
-            raise EngineError(f"adapter version {version} is not newer than the current version {self._version}")
-        await asyncio.to_thread(self._add_adapter, version, adapter)
-        self._adapters.add(version)
-        self._version = version  # new requests get it from now on
-        self._stats["adapters_loaded"] += 1
+        from actors.learner import adapter_state_dict, json_able
+
+        assert self._adapter_lock is not None
+        async with self._adapter_lock:
+            if version <= self._version:
+                raise EngineError(f"adapter version {version} is not newer than the current version {self._version}")
+            try:
+                # Plain JSON values: a PEFT to_dict() (sets, enums) and its JSON form are the same config.
+                config = {k: v for k, v in json_able(dict(adapter["config"])).items() if k != "inference_mode"}
+                tensors = adapter_state_dict(adapter, copy=False)  # views of the blob: copied into a slot below
+            except (ValueError, TypeError, KeyError) as e:
+                raise EngineError(f"adapter v{version}: {e}") from e
+            slot = self._free_slot(config)
+            if slot is not None:
+                slot.version = version  # reserved: neither current nor pinned, so nothing else picks it
+            try:
+                slot = await asyncio.to_thread(self._fill_slot, slot, version, config, tensors)
+            except BaseException:
+                if slot is not None:
+                    slot.version = None
+                raise
+            slot.version = version  # a new slot is taken from here on
+            self._slot_of[version] = slot
+            self._version = version  # new requests get it from now on
+            self._stats["adapters_loaded"] += 1
         await self._collect_adapters()
 
-    def _add_adapter(self, version: int, adapter: dict[str, Any]) -> None:
-        from peft import PeftConfig, PeftModel, set_peft_model_state_dict
+    def _in_use(self, slot: _Slot) -> bool:
+        v = slot.version
+        return v is not None and (v == self._version or self._pinned[v] > 0 or v not in self._slot_of)
 
-        config = PeftConfig.from_peft_type(**adapter["config"])
-        config.inference_mode = True
-        name = adapter_name(version)
-        with self._model_lock:
-            if not self._is_peft():
-                self._model = PeftModel(self._model, config, adapter_name=name)
-            else:
-                self._model.add_adapter(name, config)
-                self._model.set_adapter(name)  # unused for decoding (adapter_names), but never a stale one
-            result = set_peft_model_state_dict(self._model, adapter["state_dict"], adapter_name=name)
-            self._model.to(self._device).eval()  # PEFT refuses adapter_names in training mode
-        lora_missing = [k for k in result.missing_keys if name in k and "lora_" in k]
-        if lora_missing or result.unexpected_keys:
+    def _free_slot(self, config: dict[str, Any]) -> _Slot | None:
+        """A slot with this config that no request needs (current, pinned, or being filled); None: grow."""
+        return next((s for s in self._slots if s.config == config and not self._in_use(s)), None)
+
+    def _fill_slot(
+        self, slot: _Slot | None, version: int, config: dict[str, Any], tensors: dict[str, torch.Tensor]
+    ) -> _Slot:
+        """Copy `tensors` into `slot` in place, or into a new slot (None). Runs in a worker thread."""
+        import torch
+
+        if slot is None:
+            slot = self._new_slot(config)
+        missing = sorted(slot.params.keys() - tensors.keys())
+        unexpected = sorted(tensors.keys() - slot.params.keys())
+        if missing or unexpected:
             raise EngineError(
-                f"adapter v{version} does not fit the model: missing {lora_missing[:3]}, "
-                f"unexpected {list(result.unexpected_keys)[:3]}"
+                f"adapter v{version} does not fit the model: missing {missing[:3]}, unexpected {unexpected[:3]}"
             )
+        bad = [(k, tuple(t.shape)) for k, t in tensors.items() if tuple(t.shape) != tuple(slot.params[k].shape)]
+        if bad:
+            k, shape = bad[0]
+            raise EngineError(
+                f"adapter v{version}: {k} has shape {shape}, expected {tuple(slot.params[k].shape)} "
+                f"({len(bad)} tensor(s) differ)"
+            )
+        with self._model_lock, torch.no_grad():
+            for k, t in tensors.items():
+                slot.params[k].copy_(t)  # in place; converts dtype and device
+        return slot
+
+    def _new_slot(self, config: dict[str, Any]) -> _Slot:
+        """Build PEFT modules for a new slot (the expensive part, done once per slot)."""
+        from peft import PeftConfig, PeftModel
+
+        try:
+            peft_config = PeftConfig.from_peft_type(**config)
+        except Exception as e:
+            raise EngineError(f"adapter config is not a PEFT config: {e}") from e
+        peft_config.inference_mode = True
+        name = slot_name(len(self._slots))
+        with self._model_lock:
+            try:
+                if not self._is_peft():
+                    self._model = PeftModel(self._model, peft_config, adapter_name=name)
+                else:
+                    self._model.add_adapter(name, peft_config)
+            except ValueError as e:  # e.g. target modules the model does not have
+                raise EngineError(f"adapter does not fit the model: {e}") from e
+            self._model.requires_grad_(False)
+            self._model.to(self._device).eval()  # PEFT refuses adapter_names in training mode
+            params = {}
+            for key, p in self._model.named_parameters():
+                parts = key.split(".")
+                if name in parts:  # PEFT's state-dict key: the parameter's name without the adapter's
+                    params[".".join(x for x in parts if x != name)] = p
+        slot = _Slot(name, config, params)
+        self._slots.append(slot)
+        return slot
 
     async def _collect_adapters(self) -> None:
-        """Delete adapters that are neither current nor pinned by a request."""
-        stale = [v for v in self._adapters if v != self._version and self._pinned[v] <= 0]
-        if not stale:
-            return
+        """Release versions that are neither current nor pinned: their slots become free for reuse."""
+        stale = [v for v in self._slot_of if v != self._version and self._pinned[v] <= 0]
         for v in stale:
-            self._adapters.discard(v)
+            slot = self._slot_of.pop(v)
             self._pinned.pop(v, None)
-
-        def delete() -> None:
-            with self._model_lock:
-                if not self._is_peft():
-                    return
-                names = {adapter_name(v) for v in stale} & set(self._model.peft_config)
-                if names >= set(self._model.peft_config):
-                    # None would be left: unwrap (PEFT cannot run with zero adapters); the next
-                    # load_adapter wraps the model again.
-                    self._model = self._model.unload()
-                    return
-                for name in names:
-                    self._model.delete_adapter(name)
-
-        await asyncio.to_thread(delete)
+            if slot.version == v:
+                slot.version = None
         self._stats["adapters_deleted"] += len(stale)
 
     # ------------------------------------------------------------------ full weights
@@ -417,7 +483,8 @@ class HFEngine:
             "backend": "hf",
             "device": str(self._device),
             "version": self._version,
-            "adapters_loaded_now": sorted(self._adapters),
+            "adapters_loaded_now": sorted(self._slot_of),
+            "adapter_slots": len(self._slots),
             "pending": len(self._pending),
             "mean_batch_size": self._stats["requests"] / batches if batches else 0.0,
             "load_s": self.load_s,

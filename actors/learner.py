@@ -4,6 +4,9 @@ One GRPO iteration (`train_step`) on this rank's share of the batch:
 
 1. Score, once, with no gradient: old_t = log π_old(token) (the policy before this iteration's updates),
    ref_t = log π_ref(token) when `algorithm.kl_coef > 0`, and the entropy of π_old as a metric.
+   Strictly on-policy (train.epochs = 1 and train.minibatches = 1: one optimizer step) π_old is the policy
+   that the training forward runs, so no policy scoring pass: old_t = the forward's own logprobs, detached
+   (ρ_t = 1, ∇ρ_t = ∇log π_t: the same gradient), and the entropy metric comes from that forward too.
 2. For each epoch, for each of `train.minibatches` slices: micro-batches of at most
    `learner.micro_batch_tokens` padded tokens (grpo.batch.split_by_tokens), gradients accumulated,
        L = Σ_micro Σ_tokens ℓ_t / N_minibatch        (grpo.losses.policy_loss)
@@ -91,6 +94,10 @@ class Learner:
         self.step = 0  # optimizer steps of RL training
         self.iteration = 0  # train_step calls
         self._trainable: list[torch.Tensor] = []
+        # Strictly on-policy steps take old_t from the training forward (see the module doc); False forces
+        # the scoring pass (tests compare the two).
+        self.reuse_forward_logprobs = True
+        self._export_keys: dict[str, str] | None = None  # export_adapter: parameter name -> PEFT key
 
     # ------------------------------------------------------------------ setup
 
@@ -303,7 +310,8 @@ class Learner:
         self._sft_optimizer = None  # supervised warm start is over: free its state
         batch = [as_sample(s, i) for i, s in enumerate(samples)]
         tr, alg = self.cfg.train, self.cfg.algorithm
-        old, ref, score_metrics = self._score(batch)
+        on_policy = self.reuse_forward_logprobs and tr.epochs == 1 and tr.minibatches == 1
+        old, ref, score_metrics = self._score(batch, policy=not on_policy)
 
         slices = [list(range(len(batch)))[k :: tr.minibatches] for k in range(tr.minibatches)]
         sums: dict[str, float] = {}
@@ -316,7 +324,7 @@ class Learner:
                 lr = self.optimizer.param_groups[0]["lr"]
                 m, norm = self._optimizer_step(
                     [batch[i] for i in idx],
-                    [old[i] for i in idx],
+                    [old[i] for i in idx] if old is not None else None,
                     [ref[i] for i in idx] if ref is not None else None,
                 )
                 grad_norms.append(norm)
@@ -331,7 +339,7 @@ class Learner:
         # Metrics were reduced over ranks already (weighted by tokens); the score pass gives entropy.
         out = {k: sums[k] / weights[k] if weights[k] else 0.0 for k in sums}
         out.pop("tokens", None)
-        if alg.entropy_coef == 0:
+        if alg.entropy_coef == 0 and not on_policy:
             out["entropy"] = score_metrics["entropy"]
         out["grad_norm"] = sum(grad_norms) / len(grad_norms)
         out["lr"] = float(lr)
@@ -395,40 +403,47 @@ class Learner:
         self._require_setup()
         batch = [as_sample(s, i) for i, s in enumerate(samples)]
         old, _, _ = self._score(batch, reference=False)
+        assert old is not None
         return [old[i][len(s.prompt_ids) - 1 :].tolist() for i, s in enumerate(batch)]
 
     def _score(
-        self, batch: list[Sample], reference: bool = True
-    ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None, dict[str, float]]:
-        """Per sample (length num_tokens−1): the current policy's logprobs, and the reference's."""
+        self, batch: list[Sample], reference: bool = True, policy: bool = True
+    ) -> tuple[list[torch.Tensor] | None, list[torch.Tensor] | None, dict[str, float]]:
+        """Per sample (length num_tokens−1): the current policy's logprobs (None when not `policy`), and
+        the reference's (None without one). Metrics: entropy (0 when not `policy`), tokens, samples,
+        batch_tokens. With neither to compute, no forward runs (the counts are still reduced)."""
         import torch
 
         from grpo.losses import entropy_from_logits, masked_mean, token_logprobs
 
-        old: list[torch.Tensor | None] = [None] * len(batch)
+        old: list[torch.Tensor | None] | None = [None] * len(batch) if policy else None
         ref: list[torch.Tensor | None] | None = [None] * len(batch) if reference and self.ref_kind != "none" else None
         ent_sum = 0.0
-        tokens = 0.0
+        tokens = 0.0 if policy else float(sum(sum(s.loss_mask) for s in batch))
         self.model.eval()
         with torch.no_grad():
-            for micro in self._micro_batches(batch, indices=True):
+            for micro in self._micro_batches(batch, indices=True) if old is not None or ref is not None else ():
                 packed = self._pack([batch[i] for i in micro])
-                logits = self._logits(self.model, packed)
-                logp = token_logprobs(logits, packed["input_ids"]).float()
-                mask = packed["loss_mask"].to(logp.device)
-                if micro:
-                    n_tok = float(mask.sum())
-                    ent_sum += float(masked_mean(entropy_from_logits(logits), mask)) * n_tok
-                    tokens += n_tok
-                del logits
+                logp = None
+                if old is not None:
+                    logits = self._logits(self.model, packed)
+                    logp = token_logprobs(logits, packed["input_ids"]).float()
+                    mask = packed["loss_mask"].to(logp.device)
+                    if micro:
+                        n_tok = float(mask.sum())
+                        ent_sum += float(masked_mean(entropy_from_logits(logits), mask)) * n_tok
+                        tokens += n_tok
+                    del logits
                 ref_logp = self._reference_logprobs(packed) if ref is not None else None
                 for row, i in enumerate(micro):
                     n = batch[i].num_tokens - 1
-                    old[i] = logp[row, :n].cpu()
+                    if old is not None:
+                        old[i] = logp[row, :n].cpu()
                     if ref is not None:
                         ref[i] = ref_logp[row, :n].cpu()
-        self.backend.reshard(self.model)
-        if self.ref_kind == "model":
+        if old is not None or self.ref_kind in ("disabled_adapter", "adapter"):
+            self.backend.reshard(self.model)
+        if self.ref_kind == "model" and ref is not None:
             self.backend.reshard(self.reference)
         batch_tokens = float(sum(s.num_tokens for s in batch))
         totals = self._all_reduce_sum([ent_sum, tokens, float(len(batch)), batch_tokens])
@@ -459,10 +474,15 @@ class Learner:
         return token_logprobs(logits, packed["input_ids"].to(logits.device)).float()
 
     def _optimizer_step(
-        self, minibatch: list[Sample], old: list[torch.Tensor], ref: list[torch.Tensor] | None
+        self, minibatch: list[Sample], old: list[torch.Tensor] | None, ref: list[torch.Tensor] | None
     ) -> tuple[dict[str, float], float]:
-        """Accumulate the minibatch's gradients over micro-batches, clip, step. Metrics are global."""
-        from grpo.losses import entropy_from_logits, policy_loss, token_logprobs
+        """Accumulate the minibatch's gradients over micro-batches, clip, step. Metrics are global.
+
+        `old` None: strictly on-policy, old_t = this forward's logprobs, detached; the entropy metric is
+        then taken from this forward as well (when the loss does not compute it already)."""
+        import torch
+
+        from grpo.losses import entropy_from_logits, masked_mean, policy_loss, token_logprobs
 
         alg = self.cfg.algorithm
         if alg.loss_reduction == "token":
@@ -480,9 +500,18 @@ class Learner:
             logp = token_logprobs(logits, packed["input_ids"])
             dev = logp.device
             entropy = entropy_from_logits(logits) if alg.entropy_coef > 0 else None
+            if old is None:
+                old_logp = logp.detach().float()
+                if entropy is None:
+                    with torch.no_grad():
+                        mask = packed["loss_mask"].to(dev)
+                        ent = float(masked_mean(entropy_from_logits(logits.detach()), mask)) if micro else 0.0
+                    _accumulate(sums, weights, {"entropy": ent}, float(mask.sum()) if micro else 0.0)
+            else:
+                old_logp = _pad_rows([old[i] for i in micro], width).to(dev)
             loss, m = policy_loss(
                 logp,
-                _pad_rows([old[i] for i in micro], width).to(dev),
+                old_logp,
                 packed["advantages"].to(dev),
                 packed["loss_mask"].to(dev),
                 clip_eps_low=alg.clip_eps_low,
@@ -589,9 +618,12 @@ class Learner:
     # ------------------------------------------------------------------ export
 
     def export_adapter(self) -> dict[str, Any] | None:
-        """The trained LoRA adapter, whole, on CPU: {"config": PEFT config dict, "state_dict": {PEFT key: tensor}}.
+        """The trained LoRA adapter, whole, in the wire format: {"config": PEFT config dict (JSON-able),
+        "safetensors": bytes of adapter_model.safetensors} (see `pack_adapter`; `adapter_state_dict` reads it).
 
-        A collective: every rank must call it; rank 0 returns the adapter, the others None."""
+        One blob rather than a dict of tensors: Ray pickles each tensor on its own (torch.save), which for
+        a 240-tensor adapter costs more than the whole transfer. A collective: every rank must call it;
+        rank 0 returns the adapter, the others None."""
         from peft import get_peft_model_state_dict
 
         self._require_setup()
@@ -600,8 +632,16 @@ class Learner:
         gathered = dict(self.backend.named_full_tensors(self.model, _is_trained_adapter))
         if self.rank != 0:
             return None
-        state = get_peft_model_state_dict(self.model, state_dict=gathered, adapter_name=_ADAPTER)
-        return {"config": _json_able(self.model.peft_config[_ADAPTER].to_dict()), "state_dict": state}
+        if self._export_keys is None or self._export_keys.keys() != gathered.keys():
+            # PEFT's key mapping (~10 ms for 240 tensors) is the same every time: learn it once. It returns
+            # the given tensors themselves, so identity maps each parameter to its PEFT key.
+            state = get_peft_model_state_dict(self.model, state_dict=gathered, adapter_name=_ADAPTER)
+            by_id = {id(t): k for k, t in state.items()}
+            keys = {name: by_id.get(id(t)) for name, t in gathered.items()}
+            self._export_keys = keys if None not in keys.values() and len(keys) == len(state) else None
+        else:
+            state = {self._export_keys[name]: t for name, t in gathered.items()}
+        return pack_adapter(self.model.peft_config[_ADAPTER].to_dict(), state)
 
     def iter_weights(self, max_chunk_bytes: int = 256 << 20) -> Iterator[dict[str, torch.Tensor]]:
         """Full mode: the model's weights under the base model's names, on CPU in `model.dtype`, in chunks
@@ -834,29 +874,119 @@ def _layer_of(name: str) -> str:
     return name
 
 
-def _json_able(value: Any) -> Any:
+def json_able(value: Any) -> Any:
     """PEFT config dicts hold enums and sets: plain JSON values instead."""
     import enum
 
     if isinstance(value, dict):
-        return {str(k): _json_able(v) for k, v in value.items()}
+        return {str(k): json_able(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_json_able(v) for v in value]
+        return [json_able(v) for v in value]
     if isinstance(value, set | frozenset):
-        return sorted(_json_able(v) for v in value)
+        return sorted(json_able(v) for v in value)
     if isinstance(value, enum.Enum):
         return value.value
     return value
 
 
-def _write_adapter(folder: Path, adapter: dict[str, Any]) -> None:
-    from safetensors.torch import save_file
+def pack_adapter(config: dict[str, Any], state_dict: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """The adapter wire format: {"config": `config` as plain JSON values, "safetensors": the bytes of
+    `state_dict` as a PEFT adapter_model.safetensors file (CPU, contiguous, metadata format=pt)}."""
+    from safetensors.torch import save
 
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
+    return {"config": json_able(dict(config)), "safetensors": save(tensors, metadata={"format": "pt"})}
+
+
+def _adapter_form(adapter: Any) -> str:
+    """'safetensors' or 'state_dict': which of the two adapter forms `adapter` is; ValueError otherwise."""
+    forms = [k for k in ("safetensors", "state_dict") if isinstance(adapter, dict) and k in adapter]
+    if not isinstance(adapter, dict) or "config" not in adapter or len(forms) != 1:
+        keys = sorted(adapter) if isinstance(adapter, dict) else type(adapter).__name__
+        raise ValueError(
+            f"adapter: expected a dict with 'config' and one of 'safetensors' (bytes) or 'state_dict' "
+            f"({{PEFT key: tensor}}), got {keys}"
+        )
+    payload = adapter[forms[0]]
+    if forms[0] == "safetensors" and not isinstance(payload, bytes | bytearray | memoryview):
+        raise ValueError(f"adapter: 'safetensors' must be bytes, got {type(payload).__name__}")
+    if forms[0] == "state_dict" and not isinstance(payload, dict):
+        raise ValueError(f"adapter: 'state_dict' must be a dict of tensors, got {type(payload).__name__}")
+    return forms[0]
+
+
+def adapter_state_dict(adapter: dict[str, Any], copy: bool = True) -> dict[str, torch.Tensor]:
+    """{PEFT key: CPU tensor} of an adapter in either form ({"config", "safetensors"} or {"config",
+    "state_dict"}); ValueError naming what is wrong for anything else (or a blob that does not parse).
+
+    `copy=False`: the blob's tensors are read-only views of its bytes (no copy; never write to them),
+    for a caller that copies them somewhere at once (the HF engine's adapter slots)."""
+    if _adapter_form(adapter) == "state_dict":
+        return adapter["state_dict"]
+    blob = adapter_safetensors(adapter)
+    if not copy:
+        views = _safetensors_views(blob)
+        if views is not None:
+            return views
+    from safetensors.torch import load
+
+    try:
+        return load(bytes(blob))
+    except Exception as e:  # safetensors raises its own error types
+        raise ValueError(f"adapter: 'safetensors' is not a safetensors file: {e}") from e
+
+
+def _safetensors_views(blob: bytes | bytearray | memoryview) -> dict[str, torch.Tensor] | None:
+    """Zero-copy tensors over a safetensors blob (header: {name: {dtype, shape, data_offsets}} after an
+    8-byte length; data after the header); None when a dtype is not a plain one (then: copy with safetensors)."""
+    import warnings
+
+    import torch
+
+    dtypes = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64}
+    size = int.from_bytes(bytes(blob[:8]), "little")
+    header = json.loads(bytes(blob[8 : 8 + size]))
+    start = 8 + size
+    out: dict[str, torch.Tensor] = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "buffer is not writable": these views are only read
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            dtype = dtypes.get(info.get("dtype"))
+            if dtype is None:
+                return None
+            lo, hi = info["data_offsets"]
+            numel = math.prod(info["shape"])
+            if hi - lo != numel * dtype.itemsize or start + hi > len(blob):
+                raise ValueError(f"adapter: 'safetensors' entry {name!r} does not fit its offsets {lo}..{hi}")
+            flat = torch.frombuffer(blob, dtype=dtype, count=numel, offset=start + lo) if numel else torch.empty(0)
+            out[name] = flat.view(info["shape"])
+    return out
+
+
+def adapter_safetensors(adapter: dict[str, Any]) -> bytes | bytearray | memoryview:
+    """The adapter_model.safetensors bytes of an adapter in either form (the blob as is: no copy; its
+    header is checked, so a blob that is not a safetensors file is a ValueError here, not in a reader)."""
+    if _adapter_form(adapter) == "state_dict":
+        return pack_adapter(adapter["config"], adapter["state_dict"])["safetensors"]
+    blob = adapter["safetensors"]
+    # The format: 8 bytes little-endian header length, then a JSON object header, then the data.
+    size = int.from_bytes(bytes(blob[:8]), "little") if len(blob) >= 8 else -1
+    try:
+        header = json.loads(bytes(blob[8 : 8 + size])) if 0 < size <= len(blob) - 8 else None
+    except ValueError:
+        header = None
+    if not isinstance(header, dict):
+        raise ValueError(f"adapter: 'safetensors' is not a safetensors file ({len(blob)} bytes, no valid header)")
+    return blob
+
+
+def _write_adapter(folder: Path, adapter: dict[str, Any]) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().to("cpu").contiguous() for k, v in adapter["state_dict"].items()}
     with tempfile.NamedTemporaryFile(dir=folder, suffix=".tmp", delete=False) as f:
+        f.write(adapter_safetensors(adapter))
         tmp_weights = Path(f.name)
-    save_file(tensors, str(tmp_weights), metadata={"format": "pt"})
     tmp_weights.rename(folder / "adapter_model.safetensors")
     config_tmp = folder / "adapter_config.json.tmp"
     config_tmp.write_text(json.dumps(adapter["config"], indent=1) + "\n")

@@ -4,7 +4,8 @@
   the chosen token's logprob in each step's dict (vLLM's default: raw logits, before temperature,
   which is what the learner computes). A missing one is replaced by `missing_logprob_floor` and
   counted (warned once). Stop strings stay in the output (`include_stop_str_in_output`).
-- LoRA versions: each version is a PEFT folder (adapter_config.json + adapter_model.safetensors)
+- LoRA versions: each version is a PEFT folder (adapter_config.json + adapter_model.safetensors,
+  the `{"config", "safetensors"}` form's blob written as it is; a `state_dict` form is serialised)
   on node-local tmpfs, `<root>/<engine-id>/v<version>`, served under its own `LoRARequest` with
   a never-reused int id (reusing an id with a new path silently serves the old adapter;
   `load_inplace` would switch running requests). A request pins the LoRARequest current when it
@@ -241,15 +242,19 @@ class VLLMEngine:
 
     @staticmethod
     def _write_adapter(folder: Path, adapter: dict[str, Any]) -> None:
-        from safetensors.torch import save_file
+        """The PEFT folder vLLM reads; a {"config", "safetensors"} adapter's blob is written as it is."""
+        from actors.learner import adapter_safetensors
 
+        try:
+            blob = adapter_safetensors(adapter)
+        except (ValueError, TypeError) as e:
+            raise EngineError(f"load_adapter: {e}") from e
         tmp = folder.with_name(folder.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         config = _jsonable(dict(adapter["config"]))
         (tmp / "adapter_config.json").write_text(json.dumps(config))
-        tensors = {k: v.detach().to("cpu").contiguous() for k, v in adapter["state_dict"].items()}
-        save_file(tensors, str(tmp / "adapter_model.safetensors"))
+        (tmp / "adapter_model.safetensors").write_bytes(blob)
         tmp.rename(folder)  # complete folders only
 
     async def _collect_adapters(self) -> None:

@@ -354,7 +354,8 @@ class RolloutGroup:
         """Every live engine loads LoRA `version` from the one object `adapter_ref` (from `ray.put`).
 
         Returns {"version", "latency_s" (the slowest engine, as seen from here: fetch + load),
-        "per_engine_s" (aligned with "engines"), "engines", "dead_engines"}. Raises naming each live
+        "per_engine_s" (aligned with "engines"), "load_s" (each engine's own timing of the load, the
+        fetch excluded; aligned with "engines"), "engines", "dead_engines"}. Raises naming each live
         engine that failed to load it or reports another version afterwards."""
         import ray
 
@@ -380,14 +381,14 @@ class RolloutGroup:
             raise RolloutGroupError("RolloutGroup is not started: await group.start() first")
         live = [i for i in range(len(self.engines)) if i not in self.dead]
 
-        async def one(i: int) -> float:
+        async def one(i: int) -> tuple[float, float]:
             t0 = time.perf_counter()
-            await call(self.engines[i])
-            return time.perf_counter() - t0
+            load_s = await call(self.engines[i])  # the engine's own timing (EngineHost)
+            return time.perf_counter() - t0, float(load_s)
 
         results = await asyncio.gather(*(one(i) for i in live), return_exceptions=True)
         errors: dict[int, str] = {}
-        times: dict[int, float] = {}
+        times: dict[int, tuple[float, float]] = {}
         for i, r in zip(live, results, strict=True):
             if isinstance(r, RayActorError):
                 self._mark_dead(i, r)
@@ -405,11 +406,12 @@ class RolloutGroup:
         done = [i for i in live if i in times and i not in self.dead]
         if not done:
             raise RolloutGroupError(f"push of {what} v{version}: no live engine left (dead: {sorted(self.dead)})")
-        per_engine = [times[i] for i in done]
+        per_engine = [times[i][0] for i in done]
         return {
             "version": version,
             "latency_s": max(per_engine),
             "per_engine_s": per_engine,
+            "load_s": [times[i][1] for i in done],
             "engines": done,
             "dead_engines": sorted(self.dead),
         }

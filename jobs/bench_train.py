@@ -17,8 +17,9 @@ Measured side by side in one run, on an embedded Ray (or the Ray already running
        argument is unpickled) and loads it with the same `load_adapter`; then every engine's version
        is read back.
    Figures are medians over `--pushes` rounds after one warm-up round. The split of (a): export; RPC
-   (a `version()` round trip); fetch (an engine resolving the ref and touching every tensor, minus the
-   RPC); load (the engine's own timing of `load_adapter` for the same adapter, from path (b)).
+   (a `version()` round trip); fetch (an engine resolving the ref, minus the RPC); load (the engine's own
+   timing of `load_adapter`, as push_adapter reports it). (b): save; read + RPC (per-engine time − load);
+   load (the engine's own timing, from the same call).
    Goals: (a) at least 2x faster than (b) end to end; push_adapter under 30 ms with every engine.
 3. Full-weight sync: a second learner with finetune.mode=full, export_weights_refs() (one object per
    chunk of whole layers) → push_weights(v, refs) to the same engines; median seconds.
@@ -178,7 +179,10 @@ class FolderAdapter:
 
 
 def _touch_adapter(host: Any, adapter: dict[str, Any]) -> int:
-    """Run in an engine actor via `__ray_call__`: the adapter arrived (fetched, deserialized); touch each tensor."""
+    """Run in an engine actor via `__ray_call__`: the adapter arrived (fetched, deserialized); its size.
+    A {"config", "safetensors"} adapter is one blob (bytes); a {"config", "state_dict"} one: each tensor."""
+    if "safetensors" in adapter:
+        return len(adapter["safetensors"])
     return sum(int(t.numel()) for t in adapter["state_dict"].values())
 
 
@@ -250,7 +254,13 @@ async def push_object_store(learner: Any, rollout: Any, version: int) -> dict[st
     t2 = time.perf_counter()
     if len(result["engines"]) != len(rollout.engines):
         raise RuntimeError(f"bench_train: push_adapter v{version} reached engines {result['engines']} only")
-    return {"export_s": t1 - t0, "push_s": t2 - t1, "per_engine_s": result["per_engine_s"], "ref": ref}
+    return {
+        "export_s": t1 - t0,
+        "push_s": t2 - t1,
+        "per_engine_s": result["per_engine_s"],
+        "load_s": result["load_s"],  # each engine's own timing of load_adapter
+        "ref": ref,
+    }
 
 
 async def push_disk(learner: Any, rollout: Any, version: int, folder: Path) -> dict[str, Any]:
@@ -320,7 +330,6 @@ async def bench_lora_push(
     engines = len(rollout.engines)
     a_total = [r["export_s"] + r["push_s"] for r in a_runs]
     b_total = [r["save_s"] + r["push_s"] for r in b_runs]
-    load = [max(r["load_s"]) for r in b_runs]  # the same load_adapter on the same engines: a's load too
     a = {
         "export_ms": median_ms([r["export_s"] for r in a_runs]),
         "push_ms": median_ms([r["push_s"] for r in a_runs]),
@@ -329,7 +338,7 @@ async def bench_lora_push(
         "total_all_ms": [t * 1e3 for t in a_total],
         "rpc_ms": median_ms([p["rpc_s"] for p in probes]),
         "fetch_ms": median_ms([max(0.0, p["rpc_fetch_s"] - p["rpc_s"]) for p in probes]),
-        "load_ms": median_ms(load),
+        "load_ms": median_ms([max(r["load_s"]) for r in a_runs]),  # the slowest engine's own load
     }
     b = {
         "save_ms": median_ms([r["save_s"] for r in b_runs]),
@@ -337,7 +346,7 @@ async def bench_lora_push(
         "per_engine_ms": [median_ms([r["per_engine_s"][i] for r in b_runs]) for i in range(engines)],
         "total_ms": median_ms(b_total),
         "total_all_ms": [t * 1e3 for t in b_total],
-        "load_ms": median_ms(load),
+        "load_ms": median_ms([max(r["load_s"]) for r in b_runs]),
         # read the folder (in the engine, while unpickling the argument) + the RPC: per-engine time − load
         "read_rpc_ms": median_ms(
             [max(w - ld for w, ld in zip(r["per_engine_s"], r["load_s"], strict=True)) for r in b_runs]
@@ -550,7 +559,7 @@ def print_train(report: dict[str, Any], console: Any) -> None:
         "a = export_adapter_ref -> push_adapter; b = save_adapter -> each engine reads the folder and loads it. "
         "learner side = export (a) or save (b); rpc = a version() round trip; fetch = an engine resolving the "
         "ref, minus the rpc; read = per-engine time minus load (the folder read and the rpc); load = the "
-        "engine's own load_adapter time, measured in b (a runs the same call on the same adapter)"
+        "engine's own load_adapter time (slowest engine), as each path measured it"
     )
 
     table = Table(title="full-weight sync (finetune.mode=full): export_weights_refs -> push_weights, medians")

@@ -167,6 +167,50 @@ class TestConformance:
         assert on_v2.version == v2 and on_v2.token_ids != v1_alone.token_ids[: len(on_v2.token_ids)]
         # v1 is no longer pinned by any request: it is gone.
         assert engine.stats()["adapters_loaded_now"] == [v2]
+        if engine.stats()["backend"] == "hf":  # v2 could not reuse v1's slot (pinned): a second one
+            assert engine.stats()["adapter_slots"] == 2
+
+    async def test_a_reused_adapter_slot_never_changes_a_running_request(self, engine: RolloutEngine) -> None:
+        """v1 runs a long request; v2, then v3 are loaded meanwhile: v3 takes v2's place (HF: its slot,
+        copied in place), never v1's. The v1 request's tokens are those of v1 alone."""
+        v1 = engine.version() + 1
+        long = GREEDY.model_copy(update={"max_new_tokens": 300})
+        await engine.load_adapter(v1, make_adapter(5))
+        v1_alone = await engine.generate(PROMPT, long)
+        running = asyncio.create_task(engine.generate(PROMPT, long))
+        await asyncio.sleep(0.05)
+        await engine.load_adapter(v1 + 1, make_adapter(6))
+        await engine.load_adapter(v1 + 2, make_adapter(7))
+        on_v3 = await engine.generate(PROMPT, GREEDY)
+        on_v1 = await running
+        assert on_v1.version == v1 and on_v1.token_ids == v1_alone.token_ids
+        assert on_v3.version == v1 + 2 and on_v3.token_ids != v1_alone.token_ids[: len(on_v3.token_ids)]
+        assert engine.stats()["adapters_loaded_now"] == [v1 + 2]
+        if engine.stats()["backend"] == "hf":
+            assert engine.stats()["adapter_slots"] <= 3  # grown only while every slot was taken
+
+    async def test_both_adapter_forms_load_the_same_adapter(self, engine: RolloutEngine) -> None:
+        """{"config", "safetensors"} (what the learner exports) and {"config", "state_dict"} serve alike."""
+        from actors.learner import pack_adapter
+
+        plain = make_adapter(3)
+        blob = pack_adapter(plain["config"], plain["state_dict"])
+        await engine.load_adapter(engine.version() + 1, plain)
+        from_plain = await engine.generate(PROMPT, GREEDY)
+        await engine.load_adapter(engine.version() + 1, blob)
+        from_blob = await engine.generate(PROMPT, GREEDY)
+        assert from_blob.version == engine.version() == from_plain.version + 1
+        assert from_blob.token_ids == from_plain.token_ids
+        assert from_blob.logprobs == pytest.approx(from_plain.logprobs, abs=1e-4)
+        # Not the previous adapter's outputs: the load really replaced it.
+        await engine.load_adapter(engine.version() + 1, make_adapter(4))
+        assert (await engine.generate(PROMPT, GREEDY)).token_ids != from_blob.token_ids
+        if engine.stats()["backend"] == "hf":  # sequential loads reuse slots: no growth per version
+            assert engine.stats()["adapter_slots"] <= 3
+        with pytest.raises(EngineError, match="one of 'safetensors'"):
+            await engine.load_adapter(engine.version() + 1, {"config": plain["config"]})
+        with pytest.raises(EngineError, match="not a safetensors file"):
+            await engine.load_adapter(engine.version() + 1, {"config": plain["config"], "safetensors": b"junk"})
 
     async def test_update_weights_changes_outputs(self, engine: RolloutEngine) -> None:
         import torch

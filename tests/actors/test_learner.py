@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from actors.hf_engine import HFEngine
-from actors.learner import CheckpointError, Learner
+from actors.learner import CheckpointError, Learner, adapter_safetensors, adapter_state_dict, pack_adapter
 from configs.schema import Config, SamplingConfig
 
 PROMPT_LEN = 8
@@ -143,8 +143,16 @@ def test_exported_adapter_loads_into_hf_engine_and_changes_it(lora_learner: Lear
     adapter = lora_learner.export_adapter()
     assert adapter is not None
     json.dumps(adapter["config"])  # JSON-able
-    assert all(".default." not in k and "lora_" in k for k in adapter["state_dict"])
-    assert all(t.device.type == "cpu" for t in adapter["state_dict"].values())
+    assert set(adapter) == {"config", "safetensors"} and isinstance(adapter["safetensors"], bytes)
+    tensors = adapter_state_dict(adapter)
+    assert all(".default." not in k and "lora_" in k for k in tensors)
+    assert all(t.device.type == "cpu" for t in tensors.values())
+    # The blob is the learner's own adapter, tensor for tensor.
+    params = dict(lora_learner.model.named_parameters())
+    key = next(iter(tensors))
+    assert torch.equal(tensors[key], params[key.replace(".weight", ".default.weight")].detach())
+    again_blob = lora_learner.export_adapter()  # the second export maps keys from a cache: the same bytes
+    assert again_blob is not None and again_blob["safetensors"] == adapter["safetensors"]
     prompt = fixed_batch(1)[0]["prompt_ids"]
 
     async def go() -> tuple[list[float], list[float], int]:
@@ -166,14 +174,89 @@ def test_exported_adapter_loads_into_hf_engine_and_changes_it(lora_learner: Lear
     # PEFT format on disk: PEFT itself loads it, and a learner can start from it.
     lora_learner.save_adapter(str(tmp_path / "adapter"))
     assert {p.name for p in (tmp_path / "adapter").iterdir()} == {"adapter_config.json", "adapter_model.safetensors"}
+    assert (tmp_path / "adapter" / "adapter_model.safetensors").read_bytes() == adapter["safetensors"]
     cfg = make_cfg("lora")
     cfg.finetune.init_adapter = str(tmp_path / "adapter")
     warm = Learner(cfg)
     warm.setup()
     again = warm.export_adapter()
-    assert again is not None and again["state_dict"].keys() == adapter["state_dict"].keys()
-    for k, v in adapter["state_dict"].items():
-        assert torch.equal(again["state_dict"][k], v), k
+    assert again is not None
+    again_tensors = adapter_state_dict(again)
+    assert again_tensors.keys() == tensors.keys()
+    for k, v in tensors.items():
+        assert torch.equal(again_tensors[k], v), k
+
+
+def test_adapter_wire_forms_round_trip_and_bad_ones_are_named() -> None:
+    state = {"base_model.model.x.lora_A.weight": torch.arange(6.0).reshape(2, 3)}
+    packed = pack_adapter({"r": 2, "target_modules": {"q_proj"}}, state)
+    assert packed["config"] == {"r": 2, "target_modules": ["q_proj"]}  # sets become JSON lists
+    bf16 = {"base_model.model.y.lora_B.weight": torch.randn(3, 2).to(torch.bfloat16)}
+    views = adapter_state_dict(pack_adapter({}, {**state, **bf16}), copy=False)  # zero-copy views of the blob
+    assert views.keys() == {*state, *bf16}
+    for k, v in {**state, **bf16}.items():
+        assert views[k].dtype == v.dtype and torch.equal(views[k], v), k
+    for form in (packed, {"config": packed["config"], "state_dict": state}):
+        got = adapter_state_dict(form)
+        assert got.keys() == state.keys() and torch.equal(
+            got["base_model.model.x.lora_A.weight"], state[next(iter(state))]
+        )
+        assert adapter_state_dict({"config": {}, "safetensors": adapter_safetensors(form)}).keys() == state.keys()
+    with pytest.raises(ValueError, match="one of 'safetensors'"):
+        adapter_state_dict({"config": {}})
+    with pytest.raises(ValueError, match="one of 'safetensors'"):
+        adapter_state_dict({"config": {}, "state_dict": state, "safetensors": b""})
+    with pytest.raises(ValueError, match="must be bytes"):
+        adapter_state_dict({"config": {}, "safetensors": state})
+    with pytest.raises(ValueError, match="not a safetensors file"):
+        adapter_state_dict({"config": {}, "safetensors": b"not a safetensors file"})
+
+
+@pytest.mark.parametrize("kl_coef", [0.0, 0.05])
+def test_on_policy_step_reuses_the_forward_and_matches_the_scoring_pass(kl_coef: float) -> None:
+    """epochs = minibatches = 1: old_t from the training forward gives the same metrics and update as
+    the separate no-grad scoring pass (ratio 1, gradient ∇log π); the logprob gap is still measured."""
+
+    def run(reuse: bool) -> tuple[Learner, dict[str, float], list[str]]:
+        cfg = make_cfg("lora", micro_batch_tokens=64)  # 5 samples of 14 tokens: 2 micro-batches
+        cfg.algorithm.kl_coef = kl_coef
+        learner = Learner(cfg)
+        learner.setup()
+        learner.reuse_forward_logprobs = reuse
+        calls: list[str] = []
+        score = learner._score
+
+        def spy(batch, reference=True, policy=True):  # type: ignore[no-untyped-def]
+            calls.append("policy" if policy else "reference-only")
+            return score(batch, reference, policy)
+
+        learner._score = spy  # type: ignore[method-assign]
+        return learner, learner.train_step(fixed_batch(5)), calls
+
+    fast, m_fast, calls_fast = run(True)
+    slow, m_slow, calls_slow = run(False)
+    assert calls_fast == ["reference-only"] and calls_slow == ["policy"]
+    assert m_fast.keys() == m_slow.keys()
+    for k in ("policy_loss", "kl", "ratio_mean", "ratio_std", "clip_frac", "entropy", "logprob_gap", "grad_norm"):
+        assert m_fast[k] == pytest.approx(m_slow[k], rel=1e-4, abs=1e-6), k
+    assert m_fast["ratio_mean"] == pytest.approx(1.0) and m_fast["ratio_std"] == pytest.approx(0.0, abs=1e-6)
+    assert m_fast["logprob_gap"] > 0.01  # measured: rollout logprobs are -10.8, the policy's differ
+    assert m_fast["tokens"] == m_slow["tokens"] == 5 * 5 and m_fast["samples"] == 5
+    assert m_fast["grad_norm"] > 0
+    fast_params, slow_params = trained(fast), trained(slow)
+    assert fast_params.keys() == slow_params.keys()
+    for name, value in slow_params.items():  # the same update (after one AdamW step)
+        assert torch.allclose(fast_params[name], value, rtol=1e-4, atol=1e-6), name
+    # Several optimizer steps per iteration keep the scoring pass (π_old differs from the policy later).
+    cfg = make_cfg("lora")
+    cfg.train.epochs = 2
+    multi = Learner(cfg)
+    multi.setup()
+    seen: list[bool] = []
+    score = multi._score
+    multi._score = lambda b, reference=True, policy=True: (seen.append(policy), score(b, reference, policy))[1]  # type: ignore[method-assign]
+    multi.train_step(fixed_batch(2))
+    assert seen == [True]
 
 
 def test_exported_weights_update_hf_engine(full_learner: Learner) -> None:

@@ -7,7 +7,7 @@ import ray
 import torch
 from ray.util.placement_group import placement_group_table
 
-from actors.learner import Learner
+from actors.learner import Learner, adapter_state_dict
 from actors.models import load_causal_lm
 from cluster.learner_group import LearnerGroup
 from configs.schema import Config
@@ -62,10 +62,11 @@ def test_lora_group_learns_and_exports_the_whole_adapter(ray_cluster) -> None:
     try:
         info = group.start()
         assert info["world_size"] == 2 and info["backend"] == "fsdp2"
-        adapter = ray.get(group.export_adapter_ref())
-        assert adapter["state_dict"].keys() == reference_adapter["state_dict"].keys()
-        for k, v in reference_adapter["state_dict"].items():
-            assert torch.equal(adapter["state_dict"][k], v), k  # whole, unsharded, in the right order
+        adapter = adapter_state_dict(ray.get(group.export_adapter_ref()))
+        reference = adapter_state_dict(reference_adapter)
+        assert adapter.keys() == reference.keys()
+        for k, v in reference.items():
+            assert torch.equal(adapter[k], v), k  # whole, unsharded, in the right order
 
         batch = fixed_batch()
         sft = [{k: s[k] for k in ("prompt_ids", "response_ids", "loss_mask")} for s in batch]
@@ -79,8 +80,8 @@ def test_lora_group_learns_and_exports_the_whole_adapter(ray_cluster) -> None:
         assert metrics[0]["samples"] == 5 and metrics[0]["tokens"] == 5 * len(CHOSEN)
         assert metrics[0]["grad_norm"] > 0 and metrics[0]["tokens_per_s"] > 0
 
-        trained = ray.get(group.export_adapter_ref())
-        assert any(not torch.equal(trained["state_dict"][k], v) for k, v in adapter["state_dict"].items())
+        trained = adapter_state_dict(ray.get(group.export_adapter_ref()))
+        assert any(not torch.equal(trained[k], v) for k, v in adapter.items())
     finally:
         group.shutdown()
 
@@ -146,5 +147,6 @@ def test_group_checkpoint_resumes_exactly_and_reshards(ray_cluster, tmp_path) ->
     assert single.load_checkpoint(str(tmp_path / "ckpt")) == {"data_position": 5}
     adapter = single.export_adapter()
     assert adapter is not None
-    for k, v in saved_adapter["state_dict"].items():
-        assert torch.equal(adapter["state_dict"][k], v), k
+    loaded = adapter_state_dict(adapter)
+    for k, v in adapter_state_dict(saved_adapter).items():
+        assert torch.equal(loaded[k], v), k

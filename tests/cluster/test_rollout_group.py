@@ -178,6 +178,9 @@ async def test_push_adapter_through_the_object_store(group: RolloutGroup) -> Non
     assert group.versions() == [1, 1]
     assert report["engines"] == [0, 1] and len(report["per_engine_s"]) == 2
     assert report["latency_s"] == max(report["per_engine_s"]) > 0
+    # each engine's own load time: part of what the driver waited for that engine
+    assert len(report["load_s"]) == 2
+    assert all(0 < load <= wall for load, wall in zip(report["load_s"], report["per_engine_s"], strict=True))
     after = await group.run(rows, 1, sampling=GREEDY)
     assert all(t.versions == [1] * t.turns for t in after)
     assert [s[0] for s in segments(after)] != [s[0] for s in segments(before)]  # greedy output changed
