@@ -156,7 +156,7 @@ class LearnerGroup:
     # ------------------------------------------------------------------ export and checkpoints
 
     def export_adapter_ref(self) -> Any:
-        """ObjectRef of rank 0's {"config", "state_dict"} (the whole adapter), stored once."""
+        """ObjectRef of rank 0's adapter (one safetensors blob, see actors.learner.pack_adapter), stored once."""
         import ray
 
         self._require_started()
