@@ -18,6 +18,7 @@ import tempfile
 import uuid
 from typing import Any
 
+from cluster.ray_env import remote_class
 from configs.schema import Config
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,7 @@ class LearnerGroup:
         else:
             find = ray.remote(num_cpus=0)(_rendezvous_address).options(scheduling_strategy=strategy(0))
             addr, port = ray.get(find.remote())
-        remote = ray.remote(Learner)
+        remote = remote_class(Learner)
         try:
             self.actors = [
                 remote.options(

@@ -6,11 +6,13 @@ started: a driver attached to someone's cluster just disconnects.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from configs.schema import ClusterConfig
 
@@ -36,6 +38,15 @@ class RayHandle:
     address: str
     started_here: bool
     dashboard_url: str | None
+
+
+@functools.cache
+def remote_class(cls: type) -> Any:
+    """`ray.remote(cls)`, once per class and process: Ray rewraps a class's methods in place each time,
+    and a second wrapping of the same class fails (`wrapper loop when unwrapping`). Use `.options()`."""
+    import ray
+
+    return ray.remote(cls)
 
 
 def cluster_address(cfg: ClusterConfig) -> str | None:

@@ -43,6 +43,7 @@ from typing import Any
 
 from actors.engine_api import EngineError, EngineUnavailable, Generation
 from actors.trajectory import Trajectory
+from cluster.ray_env import remote_class
 from configs.schema import Config, SamplingConfig
 
 log = logging.getLogger(__name__)
@@ -239,7 +240,6 @@ class RolloutGroup:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        import ray
         from ray import cloudpickle
 
         if self.engines:
@@ -252,7 +252,7 @@ class RolloutGroup:
                 f"pass the ServeToolPool that deploy_pool returned ({type(e).__name__}: {e})"
             ) from e
         r = self.cfg.rollout
-        engine_actor = ray.remote(EngineHost).options(
+        engine_actor = remote_class(EngineHost).options(
             num_cpus=r.num_cpus_per_engine, num_gpus=r.num_gpus_per_engine, max_concurrency=ENGINE_MAX_CONCURRENCY
         )
         self.engines = [engine_actor.remote(self.cfg) for _ in range(r.engines)]
@@ -275,7 +275,7 @@ class RolloutGroup:
             await self._within(
                 asyncio.gather(*(h.generate.remote(WARMUP_PROMPT, warm) for h in self.engines)), "warm-up requests"
             )
-            runner_actor = ray.remote(RunnerHost).options(num_cpus=r.num_cpus_per_runner, max_concurrency=1000)
+            runner_actor = remote_class(RunnerHost).options(num_cpus=r.num_cpus_per_runner, max_concurrency=1000)
             self.runners = [runner_actor.remote(self.cfg, self.engines, self.tool_pool) for _ in range(r.runners)]
             await self._within(
                 asyncio.gather(*(h.stats.remote() for h in self.runners)),

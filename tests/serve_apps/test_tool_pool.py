@@ -45,6 +45,9 @@ def pool_config(port: int, builtins: bool = True, extra: list[str] = ()):
         f"tools.http.port={port}",
         external("notes", replicas=2, tool_timeouts={"sleep": 1.0}),
         "tools.servers.python.sandbox.cpu_time_s=1",
+        # the CPU limit must fire before any wall-clock one, even when a loaded machine gives the program little CPU
+        "tools.servers.python.timeout_s=120",
+        "tools.servers.python.sandbox.wall_time_s=120",
     ]
     if not builtins:
         sets += [f"tools.servers.{n}.enabled=false" for n in BUILTINS]
