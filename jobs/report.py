@@ -192,9 +192,10 @@ def write_report(
         step_times = [r["timing/step_s"] for r in rows if isinstance(r.get("timing/step_s"), int | float)]
         wall = math.fsum(step_times) if step_times else None
     md = [f"# Run report: {run_name}", ""]
-    if rows:
-        first, last = rows[0]["step"], rows[-1]["step"]
-        text = f"{len(rows)} training step{'s' if len(rows) != 1 else ''} were logged (steps {first}–{last})"
+    trained = [r for r in rows if any(k.startswith("train/") for k in r)]  # step 0 holds evaluations only
+    if trained:
+        first, last = trained[0]["step"], trained[-1]["step"]
+        text = f"{len(trained)} training step{'s' if len(trained) != 1 else ''} were logged (steps {first}–{last})"
     else:
         text = "No training step was logged"
     text += f", in {_duration(wall)} of wall time." if wall is not None else "; the wall time is unknown."
