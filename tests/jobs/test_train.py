@@ -150,3 +150,13 @@ def test_a_bad_task_file_stops_before_anything_starts(tmp_path: Path) -> None:
     assert "[FAIL] data" in proc.stdout and "row 1" in proc.stdout
     assert "nothing was started" in proc.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_overlap_generates_the_next_step_while_this_one_trains(tmp_path: Path, unbroken: Path) -> None:
+    data = unbroken.parent.parent / "data"
+    train(tmp_path, "--run", "--set", "rollout.overlap=true", "--set", "sft_warmup.enabled=false", data=data)
+    run_dir = tmp_path / "runs" / "ci-tiny"
+    for step in (1, 2):
+        m = step_metrics(run_dir, step)
+        assert m["rollout/episodes"] == 4 and m["train/tokens"] > 0
+    assert (run_dir / "final_adapter" / "adapter_model.safetensors").is_file()
