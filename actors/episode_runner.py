@@ -389,14 +389,8 @@ class EpisodeRunner:
                     traj.finish_reason = "max_turns" if meta.get("done_reason") == "max_turns" else "done"
                     break
                 observations = [dict(m) for m in out["observations"]]
-                delta = tmpl.observation_delta(traj.messages, observations)
-                if len(traj.prompt_ids) + len(traj.response_ids) + len(delta) > budget:
-                    traj.finish_reason = "token_budget"  # the observation does not fit: end before it
+                if not traj.add_observations(observations, tmpl.observation_delta(traj.messages, observations), budget):
                     break
-                traj.messages += observations
-                traj.response_ids += delta
-                traj.loss_mask += [0] * len(delta)
-                traj.rollout_logprobs += [0.0] * len(delta)
         finally:
             traj.reward = math.fsum(traj.turn_rewards)
             traj.tool_stats = env.get_metrics()

@@ -157,14 +157,8 @@ async def _play(cfg: Config, row: dict, index: int, tmpl: ChatTemplate) -> Traje
                 traj.finish_reason = "done"
                 break
             observations = [dict(m) for m in out["observations"]]
-            delta = tmpl.observation_delta(traj.messages, observations)
-            if len(traj.prompt_ids) + len(traj.response_ids) + len(delta) > budget:
-                traj.finish_reason = "token_budget"  # the observation does not fit: end before it
+            if not traj.add_observations(observations, tmpl.observation_delta(traj.messages, observations), budget):
                 break
-            traj.messages += observations
-            traj.response_ids += delta
-            traj.loss_mask += [0] * len(delta)
-            traj.rollout_logprobs += [0.0] * len(delta)
         else:
             raise ExpertPlayError(f"the episode is still open after all {len(turns)} expert turns")
     finally:

@@ -63,6 +63,18 @@ class Trajectory:
             previous = m
         return segments
 
+    def add_observations(self, messages: list[dict[str, Any]], delta: list[int], budget: int) -> bool:
+        """Append tool messages and their template ids (mask 0, logprob 0.0) when they fit in `budget`
+        tokens; otherwise mark the episode `token_budget` and append nothing. Returns whether they fit."""
+        if len(self.prompt_ids) + len(self.response_ids) + len(delta) > budget:
+            self.finish_reason = "token_budget"  # the observation does not fit: end before it
+            return False
+        self.messages += messages
+        self.response_ids += delta
+        self.loss_mask += [0] * len(delta)
+        self.rollout_logprobs += [0.0] * len(delta)
+        return True
+
     def check(self, max_total_tokens: int | None = None) -> None:
         """Raise ValueError naming the first broken invariant."""
 
