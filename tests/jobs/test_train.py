@@ -20,9 +20,11 @@ ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 420
 
 
-def train(tmp: Path, *extra: str, data: Path | None = None, check: bool = True) -> subprocess.CompletedProcess:
-    data = data or tmp / "data"
-    cmd = [
+ENV = {**os.environ, "WANDB_MODE": "offline", "WANDB_API_KEY": ""}
+
+
+def train_cmd(tmp: Path, data: Path, *extra: str) -> list[str]:
+    return [
         sys.executable,
         "-m",
         "jobs.train",
@@ -39,8 +41,11 @@ def train(tmp: Path, *extra: str, data: Path | None = None, check: bool = True) 
         "rollout.hf_max_batch_size=1",
         *extra,
     ]
-    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_API_KEY": ""}
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
+
+
+def train(tmp: Path, *extra: str, data: Path | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    cmd = train_cmd(tmp, data or tmp / "data", *extra)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S, env=ENV)
     if check and proc.returncode != 0:
         tail = f"--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-6000:]}"
         raise AssertionError(f"exit {proc.returncode}\n{tail}")
@@ -91,25 +96,13 @@ def test_two_steps_write_checkpoints_metrics_wandb_and_a_report(unbroken: Path) 
 def test_kill_and_resume_ends_where_an_unbroken_run_ends(unbroken: Path, tmp_path: Path) -> None:
     data = unbroken.parent.parent / "data"  # same task files as the unbroken run
     run_dir = tmp_path / "runs" / "ci-tiny"
-    cmd = [
-        sys.executable,
-        "-m",
-        "jobs.train",
-        "--config",
-        "configs/ci-tiny.yaml",
-        "--set",
-        f"train.output_dir={tmp_path / 'runs'}",
-        "--set",
-        f"data.train={data / 'tasks.train.jsonl'}",
-        "--set",
-        f"data.validation={data / 'tasks.validation.jsonl'}",
-        "--set",
-        "rollout.hf_max_batch_size=1",
-        "--run",
-    ]
-    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_API_KEY": ""}
     proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        train_cmd(tmp_path, data, "--run"),
+        cwd=ROOT,
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     deadline = time.monotonic() + TIMEOUT_S
     try:
