@@ -175,8 +175,46 @@ class GenerationConfig(Strict):
 # --------------------------------------------------------------------------- environment and rewards
 
 
+class ToolSource(Strict):
+    """Where MCPToolEnv finds its tools when nobody hands it a client (SkyRL's generator, a user's script).
+
+    The same block in YAML (`env.tools`) and in the `env_config` given to `skyrl_gym.make`.
+    """
+
+    source: Literal["local", "serve", "http"] = Field(
+        "local",
+        description="local: an in-process pool of the configured servers, built on first use; serve: the Serve "
+        "pool's applications inside a Ray cluster; http: MCP servers over streamable HTTP (ours or anyone's).",
+    )
+    config: str | dict = Field(
+        "",
+        description="local: the servers, as a YAML file holding a `tools:` section (an mcprl config) or the section "
+        "itself, or that section as a dict; empty = env_config's own `tools` key, else the built-in defaults.",
+    )
+    servers: list[str] = Field(
+        default_factory=list,
+        description="serve: the servers to use ([] = every application of the pool); http: the servers under `url`.",
+    )
+    ray_address: str = Field("", description="serve: the cluster to join when Ray is not up; empty = $RAY_ADDRESS.")
+    url: str = Field("", description="http: the pool's root, each server at <url>/mcp/<server>/.")
+    endpoints: dict[str, str] = Field(
+        default_factory=dict, description="http: server name -> full MCP URL, for servers anywhere (with `url`, added)."
+    )
+    bearer_token_env: str = Field(
+        "", description="http: the variable holding the bearer token sent to every endpoint; empty = no token."
+    )
+
+    @model_validator(mode="after")
+    def _http_needs_endpoints(self) -> ToolSource:
+        if self.source == "http" and not (self.endpoints or (self.url and self.servers)):
+            raise ValueError("source http needs `endpoints`, or `url` with `servers`")
+        return self
+
+
 class EnvConfig(Strict):
     """MCPToolEnv: how model text becomes tool calls and tool results become observations."""
+
+    tools: ToolSource = Field(default_factory=ToolSource, description="Where the tools are (see ToolSource).")
 
     observation_role: Literal["tool", "user"] = Field(
         "tool", description="Role of the messages that carry tool results."
@@ -226,7 +264,12 @@ class JudgeConfig(Strict):
     max_input_tokens: int = Field(3000, ge=256, description="Token cap of what is sent (approximate, 4 chars/token).")
     max_tool_result_chars: int = Field(800, ge=50, description="Tool results are cut to this before judging.")
     secret_env_vars: list[str] = Field(default_factory=list, description="Extra variables whose values are redacted.")
-    serve: bool = Field(True, description="Run as a Ray Serve deployment when Ray is up; else in-process.")
+    source: Literal["auto", "local", "serve"] = Field(
+        "auto",
+        description="local: an in-process judge calling `openai` (any OpenAI-compatible endpoint); serve: the Ray "
+        "Serve deployment `app_name` (the driver deploys it); auto: serve when Ray is up in this process, else local.",
+    )
+    app_name: str = Field("judge", description="The judge's Serve application.")
     max_batch_size: int = Field(8, ge=1)
     batch_wait_s: float = Field(0.02, ge=0)
     rate_limit_per_s: float | None = Field(None, gt=0)
