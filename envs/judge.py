@@ -488,41 +488,18 @@ def _reason(e: Exception) -> str:
     return str(e)
 
 
-_registered: JudgeLike | None = None
-_default: Judge | None = None
-
-
-def set_judge(judge: JudgeLike | None) -> None:
-    """The judge environments in this process use (e.g. `serve_apps.judge.judge_client(cfg)`);
-    registered like the tool client, since env_config cannot carry live objects."""
-    global _registered
-    _registered = judge
-
-
-def default_judge(cfg: JudgeConfig | None = None) -> JudgeLike:
-    """The registered judge, else a process-wide in-process one built from `cfg` (first call wins)."""
-    global _default
-    if _registered is not None:
-        return _registered
-    if _default is None:
-        _default = Judge(cfg or JudgeConfig())
-    return _default
-
-
 async def reward_llm_judge(
     conversation: list[dict[str, Any]],
     latest_action: str,
     ground_truth: dict[str, Any],
     rubric: dict[str, float],
     *,
-    judge: JudgeLike | None = None,
+    judge: JudgeLike,
 ) -> dict[str, Any]:
     """The judge's reward for `latest_action`: {total_reward, components, task_complete, infra_fault[, judge_error]}.
 
-    `judge`: an in-process `Judge` or the Serve handle wrapper (`serve_apps.judge.judge_client`);
-    None = `default_judge()`.
+    `judge`: an in-process `Judge` or the Serve handle wrapper (`serve_apps.judge.judge_client`).
     """
-    judge = judge or default_judge()
     return await judge.score(conversation, latest_action, ground_truth, rubric)
 
 
@@ -530,9 +507,8 @@ async def group_judge(
     trajectories: list[list[dict[str, Any]]],
     ground_truth: dict[str, Any],
     *,
-    judge: JudgeLike | None = None,
+    judge: JudgeLike,
 ) -> list[float] | None:
     """One score in [0, 1] per trajectory of a GRPO group, from one judge call; None when the judge failed
     (unreachable, or an answer that does not cover every trajectory once): the group is not to be scored."""
-    judge = judge or default_judge()
     return (await judge.rank_group(trajectories, ground_truth))["scores"]

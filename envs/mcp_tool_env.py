@@ -7,7 +7,12 @@ env_config=..., extras=row)` once `envs` is imported):
   optional, values dicts or the pydantic objects), an OmegaConf DictConfig of that shape, the root
   `Config`, or None for defaults.
 - `extras`: the task row (SkyRL format), or any dict with `reward_spec.ground_truth` and `prompt`.
-- Tools are reached through the client registered with `envs.tool_client.set_tool_client`.
+- Tools and judge: given as `tool_client=` / `judge=` (mcprl's runners pass the Serve pool and the judge
+  deployment), else built from `env_config` alone (`env.tools`, `reward.judge.source`; see
+  envs/tool_client.py), so any trainer can build the env from configuration. `env_config["tools"]` (a
+  tools section, as in an mcprl config) names the servers of the default in-process pool.
+- Each env is one episode with its own id: its tool calls carry it, so stateful servers (the offline
+  Slack, externals marked stateful) keep state per episode, dropped by `close()`.
 
 One episode: `init(prompt)` returns the prompt with the tool definitions (the servers of the task's
 tool_sequence) rendered in the system message, then `step(action)`/`astep(action)` per model turn:
@@ -40,6 +45,7 @@ import asyncio
 import logging
 import math
 import threading
+import uuid
 from collections.abc import Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -51,7 +57,7 @@ from configs.schema import Config, EnvConfig, RewardConfig
 from envs.parsing import MAX_TURN_CHARS, ParseError, ToolCall, ToolIndex, parse_turn, sanitize
 from envs.prompting import TOOL_CALL_FORMAT, tool_block
 from envs.rewards import COMPONENTS, RewardState, clip_step, reward_heuristic, zero_components
-from envs.tool_client import ToolClient, get_tool_client
+from envs.tool_client import ToolClient, judge_from_config, resolve_tool_client
 from tasks.inventory import ToolListing, inventory_from_listing, inventory_tools_for_prompt
 from tasks.schema import GroundTruth
 
@@ -150,7 +156,14 @@ class _ClientFault:
 class MCPToolEnv(BaseTextEnv):
     """Multi-turn MCP tool use with a step-wise reward (see the module docstring)."""
 
-    def __init__(self, env_config: Any = None, extras: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        env_config: Any = None,
+        extras: Mapping[str, Any] | None = None,
+        *,
+        tool_client: ToolClient | None = None,
+        judge: Any = None,
+    ) -> None:
         super().__init__()
         self.env_cfg, self.reward_cfg = resolve_configs(env_config)
         extras = dict(extras or {})
@@ -164,7 +177,9 @@ class MCPToolEnv(BaseTextEnv):
         self.task_id = self.ground_truth.task_id
         self.max_turns = self.ground_truth.max_turns
         self.row_prompt = [dict(m) if isinstance(m, Mapping) else m.model_dump() for m in extras.get("prompt") or []]
-        self.client = get_tool_client()
+        self.client = tool_client or resolve_tool_client(self.env_cfg.tools, _tools_key(env_config))
+        self._judge = judge  # built from reward.judge on first use when not given
+        self.episode_id = f"{self.task_id}:{uuid.uuid4().hex[:12]}"
         self.index: ToolIndex | None = None
         self.conversation: ConversationType = []
         self.state = RewardState()
@@ -304,7 +319,7 @@ class MCPToolEnv(BaseTextEnv):
 
     async def _call(self, call: ToolCall) -> Any:
         try:
-            return await self.client.call_tool(call.server, call.tool, call.arguments)
+            return await self.client.call_tool(call.server, call.tool, call.arguments, episode_id=self.episode_id)
         except Exception as e:  # the client, not the model, failed
             return _ClientFault(error=f"tool client raised {type(e).__name__}: {e}")
 
@@ -323,7 +338,7 @@ class MCPToolEnv(BaseTextEnv):
             history[-1]["content"],
             self.ground_truth.model_dump(),
             self.reward_cfg.judge.rubric,
-            judge=judge.default_judge(self.reward_cfg.judge),
+            judge=self.judge,
         )
         if backend == "hybrid":
             mine = {"total_reward": heuristic, "components": meta["reward_components"], "infra_fault": False}
@@ -360,6 +375,27 @@ class MCPToolEnv(BaseTextEnv):
             content = f"{content[:limit]}\n[output cut: {limit:,} of {len(content):,} characters shown]"
         return {"role": self.env_cfg.observation_role, "content": content}
 
+    @property
+    def judge(self) -> Any:
+        if self._judge is None:
+            self._judge = judge_from_config(self.reward_cfg)
+        return self._judge
+
+    # ------------------------------------------------------------------ close
+
+    def close(self) -> None:
+        """Drop this episode's tool state (see `aclose`)."""
+        run_sync(self.aclose())
+
+    async def aclose(self) -> None:
+        """Drop this episode's state on the stateful servers; never raises (the episode is over)."""
+        if not self._m["tool_calls"]:
+            return
+        try:
+            await self.client.end_episode(self.episode_id)
+        except Exception as e:  # state left behind is bounded by the server; the episode's result stands
+            log.warning("could not end episode %s on the tool pool: %s: %s", self.episode_id, type(e).__name__, e)
+
     # ------------------------------------------------------------------ metrics
 
     def get_metrics(self) -> dict[str, Any]:
@@ -393,6 +429,13 @@ class MCPToolEnv(BaseTextEnv):
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+def _tools_key(env_config: Any) -> Any:
+    """The `tools` section env_config carries, if any (the root Config's, or a mapping's `tools` key)."""
+    if isinstance(env_config, Config):
+        return env_config.tools
+    return env_config.get("tools") if isinstance(env_config, Mapping) else None
 
 
 def _out(observations: ConversationType, reward: float, done: bool, metadata: dict[str, Any]) -> BaseTextEnvStepOutput:

@@ -129,7 +129,7 @@ class JudgeHandle:
         return await self.handle.stats.remote()
 
 
-def deploy_judge(cfg: RewardConfig, *, http: HttpConfig | None = None, app_name: str = APP_NAME) -> JudgeHandle:
+def deploy_judge(cfg: RewardConfig, *, http: HttpConfig | None = None, app_name: str | None = None) -> JudgeHandle:
     """Deploy the judge as its own Serve application (handle only, no HTTP route); Ray must be up.
 
     `http`: where Serve's proxy listens if this call is the one that starts Serve (default: the tool
@@ -138,6 +138,7 @@ def deploy_judge(cfg: RewardConfig, *, http: HttpConfig | None = None, app_name:
     from ray import serve
 
     jc = cfg.judge
+    app_name = app_name or jc.app_name
     key_env, url = jc.openai.api_key_env, jc.openai.base_url or OPENAI_BASE_URL
     if not os.environ.get(key_env, "").strip() and not is_local_url(url):
         # Checked here: in the replica it would be a crash loop with the message buried in its log.
@@ -172,17 +173,22 @@ def undeploy_judge(judge: JudgeHandle, timeout_s: float = 60.0) -> None:
 
 
 def judge_client(cfg: RewardConfig, *, http: HttpConfig | None = None) -> JudgeLike:
-    """The Serve judge when Ray is up and `judge.serve` is set (deployed if not yet running), else the
-    in-process `Judge` with the same rate limit."""
+    """The judge `cfg.judge.source` names (see JudgeConfig): the Serve deployment (deployed when missing;
+    joins the cluster at $RAY_ADDRESS when Ray is not up in this process) or the in-process `Judge`."""
+    jc = cfg.judge
     # Ray cannot be up in this process unless it was imported: no need to import it to ask.
     ray = sys.modules.get("ray")
-    if cfg.judge.serve and ray is not None and ray.is_initialized():
+    ray_up = ray is not None and ray.is_initialized()
+    if jc.source == "serve" or (jc.source == "auto" and ray_up):
+        import ray as ray_mod
         from ray import serve
         from ray.serve.exceptions import RayServeException
 
+        if not ray_mod.is_initialized():
+            ray_mod.init(address=os.environ.get("RAY_ADDRESS") or "auto", logging_level="ERROR")
         try:
-            return JudgeHandle(serve.get_app_handle(APP_NAME))
+            return JudgeHandle(serve.get_app_handle(jc.app_name), jc.app_name)
         except RayServeException:  # Serve not running, or no judge app yet
-            return deploy_judge(cfg, http=http)
-    limiter = RateLimiter(cfg.judge.rate_limit_per_s) if cfg.judge.rate_limit_per_s else None
-    return Judge(cfg.judge, limiter=limiter)
+            return deploy_judge(cfg, http=http, app_name=jc.app_name)
+    limiter = RateLimiter(jc.rate_limit_per_s) if jc.rate_limit_per_s else None
+    return Judge(jc, limiter=limiter)
