@@ -203,13 +203,18 @@ class EpisodeRunner:
         *,
         max_concurrent_episodes: int | None = None,
         progress: bool | None = None,
+        tool_client: Any = None,
+        judge: Any = None,
     ) -> None:
+        """`tool_client` / `judge`: what every episode's env uses (None = built from the config, per process)."""
         if not engines:
             raise ValueError("EpisodeRunner needs at least one engine")
         self.cfg = cfg
         self.engines = list(engines)
         self.template = ChatTemplate(tokenizer)
         self.tokenizer = tokenizer
+        self.tool_client = tool_client
+        self.judge = judge
         self.max_concurrent = max_concurrent_episodes
         self.progress = sys.stderr.isatty() if progress is None else progress
         self.load = [0] * len(self.engines)  # live episodes per engine
@@ -329,7 +334,7 @@ class EpisodeRunner:
         engine = self.engines[engine_index]
         t0 = time.perf_counter()
         gen_s = env_s = wait_s = 0.0
-        env = MCPToolEnv({"env": cfg.env, "reward": cfg.reward}, extras=ep.task)
+        env = MCPToolEnv(cfg, extras=ep.task, tool_client=self.tool_client, judge=self.judge)
         messages, _ = await env.ainit(None)
         traj = Trajectory(task_id=ep.task_id, group_id=ep.group_id, sample_index=ep.sample_index, engine=engine_index)
         traj.messages = [dict(m) for m in messages]
@@ -392,6 +397,7 @@ class EpisodeRunner:
                 if not traj.add_observations(observations, tmpl.observation_delta(traj.messages, observations), budget):
                     break
         finally:
+            await env.aclose()
             traj.reward = math.fsum(traj.turn_rewards)
             traj.tool_stats = env.get_metrics()
             traj.timings = {

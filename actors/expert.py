@@ -13,8 +13,8 @@ One row → one `Trajectory` (group_id = the row's index, sample_index 0):
   use them; 0.0 is a valid log-probability, so `Trajectory.check` holds);
 - then, unless the env ended the episode, `ChatTemplate.observation_delta` (mask 0, logprob 0.0).
 
-The turns are played through a real `MCPToolEnv` against the tool client registered in this process
-(`envs.tool_client.set_tool_client`), with the heuristic reward whatever `reward.backend` says (the
+The turns are played through a real `MCPToolEnv` against the tool client given (the offline pool:
+`jobs.sft.build_expert_trajectories` builds one), with the heuristic reward whatever `reward.backend` says (the
 rewards are not trained on, and a judge would cost money for nothing). The token budget
 (`rollout.max_total_tokens`) cuts an expert trajectory where the runner would cut a rollout
 (finish_reason `token_budget`, counted as truncated).
@@ -73,9 +73,11 @@ def check_rows(rows: Sequence[Any]) -> None:
 
 
 async def expert_trajectories(
-    cfg: Config, rows: list[dict], tokenizer: Any, *, stats: dict[str, Any] | None = None
+    cfg: Config, rows: list[dict], tokenizer: Any, tool_client: Any = None, *, stats: dict[str, Any] | None = None
 ) -> list[Trajectory]:
     """The expert trajectory of each playable row, in row order (failed rows skipped).
+
+    `tool_client`: where the tools are; None = the env's own, from `cfg.env.tools` (default: in-process).
 
     `stats`, when given, is filled with {rows, played, skipped, skipped_tasks: {task_id: reason},
     truncated, generated_tokens, total_tokens}.
@@ -89,7 +91,7 @@ async def expert_trajectories(
     async def one(index: int, row: dict) -> Trajectory | None:
         async with limit:
             try:
-                return await _play(play_cfg, row, index, template)
+                return await _play(play_cfg, row, index, template, tool_client)
             except ExpertPlayError as e:
                 task_id = _task_id(row, index)
                 skipped[task_id] = str(e)
@@ -111,14 +113,14 @@ async def expert_trajectories(
     return trajs
 
 
-async def _play(cfg: Config, row: dict, index: int, tmpl: ChatTemplate) -> Trajectory:
+async def _play(cfg: Config, row: dict, index: int, tmpl: ChatTemplate, tool_client: Any) -> Trajectory:
     """Play one row's expert turns; the layout follows `EpisodeRunner._attempt` step for step."""
     t0 = time.perf_counter()
     env_s = 0.0
     budget = cfg.rollout.max_total_tokens
     turns = expert_turns(row)
     try:
-        env = MCPToolEnv({"env": cfg.env, "reward": cfg.reward}, extras=row)
+        env = MCPToolEnv(cfg, extras=row, tool_client=tool_client)
     except (ValueError, TypeError) as e:  # pydantic's ValidationError is a ValueError
         raise ExpertPlayError(f"the env rejects the row: {_short(e, 300)}") from e
     messages, _ = await env.ainit(None)

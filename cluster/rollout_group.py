@@ -15,8 +15,10 @@ Actors:
   OMP_NUM_THREADS=1 for actors with fractional CPUs, which would leave torch on one thread).
 - `RunnerHost` (R of them): an `EpisodeRunner` over `RemoteEngine` wrappers of ALL engines, so
   each runner routes episodes least-loaded across every engine and fails over when one dies. Its
-  environments reach the tools through the `ServeToolPool` given to the group (Serve handles
-  pickle; the pool is registered with `set_tool_client` inside the actor).
+  environments reach the tools through the `ServeToolPool` given to the group and the judge through
+  the judge deployment's handle (Serve handles pickle); both are passed to the runner explicitly,
+  nothing is registered in module globals. With no judge given (an in-process judge does not
+  pickle), each runner builds its own from `reward.judge`.
 
 Weights travel through the object store once: the driver `ray.put`s an adapter (or weight chunks)
 and every engine reads the same object. `push_adapter` passes the ref as a top-level argument, so
@@ -193,18 +195,18 @@ class RemoteEngine:
 class RunnerHost:
     """An EpisodeRunner inside a Ray actor, over every engine of the group."""
 
-    def __init__(self, cfg: Config, engines: list[Any], tool_pool: Any) -> None:
+    def __init__(self, cfg: Config, engines: list[Any], tool_pool: Any, judge: Any = None) -> None:
         from actors.episode_runner import EpisodeRunner
         from actors.models import load_tokenizer
-        from envs.tool_client import set_tool_client
 
-        set_tool_client(tool_pool)  # this actor's process builds the environments
         self.runner = EpisodeRunner(
             cfg,
             [RemoteEngine(h, i) for i, h in enumerate(engines)],
             load_tokenizer(cfg.model),
             max_concurrent_episodes=cfg.rollout.max_concurrent_episodes,
             progress=False,
+            tool_client=tool_pool,
+            judge=judge,
         )
 
     async def run(
@@ -227,15 +229,18 @@ def split_evenly(n: int, parts: int) -> list[tuple[int, int]]:
 class RolloutGroup:
     """`cfg.rollout.engines` engine actors and `cfg.rollout.runners` runner actors (see the module doc)."""
 
-    def __init__(self, cfg: Config, tool_pool: Any, *, start_timeout_s: float = 900.0) -> None:
-        """`tool_pool`: what `deploy_pool` returned (it must pickle: it travels to the runner actors)."""
+    def __init__(self, cfg: Config, tool_pool: Any, *, judge: Any = None, start_timeout_s: float = 900.0) -> None:
+        """`tool_pool`: what `deploy_pool` returned; `judge`: what `deploy_judge` returned, or None (both must
+        pickle: they travel to the runner actors)."""
         self.cfg = cfg
         self.tool_pool = tool_pool
+        self.judge = judge
         self.start_timeout_s = start_timeout_s
         self.engines: list[Any] = []  # actor handles, index = engine id in trajectories
         self.runners: list[Any] = []
         self.dead: set[int] = set()  # engines known dead here
         self.placements: list[dict[str, Any]] = []
+        self.turns_played = 0  # env steps of every episode returned so far (each is one judge call per turn)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -244,13 +249,17 @@ class RolloutGroup:
 
         if self.engines:
             raise RolloutGroupError("RolloutGroup.start() was already called")
-        try:
-            cloudpickle.dumps(self.tool_pool)
-        except Exception as e:
-            raise TypeError(
-                f"the tool pool ({type(self.tool_pool).__name__}) does not pickle, so runner actors cannot use it: "
-                f"pass the ServeToolPool that deploy_pool returned ({type(e).__name__}: {e})"
-            ) from e
+        for what, obj, hint in (
+            ("tool pool", self.tool_pool, "the ServeToolPool that deploy_pool returned"),
+            ("judge", self.judge, "the JudgeHandle that deploy_judge returned, or None"),
+        ):
+            try:
+                cloudpickle.dumps(obj)
+            except Exception as e:
+                raise TypeError(
+                    f"the {what} ({type(obj).__name__}) does not pickle, so runner actors cannot use it: "
+                    f"pass {hint} ({type(e).__name__}: {e})"
+                ) from e
         r = self.cfg.rollout
         engine_actor = remote_class(EngineHost).options(
             num_cpus=r.num_cpus_per_engine, num_gpus=r.num_gpus_per_engine, max_concurrency=ENGINE_MAX_CONCURRENCY
@@ -276,7 +285,9 @@ class RolloutGroup:
                 asyncio.gather(*(h.generate.remote(WARMUP_PROMPT, warm) for h in self.engines)), "warm-up requests"
             )
             runner_actor = remote_class(RunnerHost).options(num_cpus=r.num_cpus_per_runner, max_concurrency=1000)
-            self.runners = [runner_actor.remote(self.cfg, self.engines, self.tool_pool) for _ in range(r.runners)]
+            self.runners = [
+                runner_actor.remote(self.cfg, self.engines, self.tool_pool, self.judge) for _ in range(r.runners)
+            ]
             await self._within(
                 asyncio.gather(*(h.stats.remote() for h in self.runners)),
                 f"placing {r.runners} runner actor(s) ({r.num_cpus_per_runner} CPU each)",
@@ -346,6 +357,7 @@ class RolloutGroup:
             for t in trajs:
                 t.group_id += a  # runners number groups from 0 within their share
                 out.append(t)
+        self.turns_played += sum(len(t.turn_rewards) for t in out)
         return out
 
     # ------------------------------------------------------------------ policy updates
@@ -471,6 +483,7 @@ class RolloutGroup:
             engines.append(s if s is not None else {"dead": True})
         keys = ("episodes", "done", "running", "failed", "restarts", "generated_tokens", "tokens_per_s")
         total = {k: sum(r.get(k, 0) for r in runners) for k in keys}
+        total["turns_played"] = self.turns_played
         return {**total, "runners": runners, "engines": engines, "dead_engines": sorted(self.dead)}
 
 

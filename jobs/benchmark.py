@@ -218,8 +218,13 @@ class InstantClient:
 
     result = InstantResult()
 
-    async def call_tool(self, server: str, tool: str, arguments: dict[str, Any] | None = None) -> InstantResult:
+    async def call_tool(
+        self, server: str, tool: str, arguments: dict[str, Any] | None = None, *, episode_id: str | None = None
+    ) -> InstantResult:
         return self.result
+
+    async def end_episode(self, episode_id: str) -> None:
+        return None
 
     async def list_tools(self) -> dict[str, list[dict[str, Any]]]:
         schema = {"type": "object", "properties": {"ticker": {"type": "string"}}, "required": ["ticker"]}
@@ -229,29 +234,24 @@ class InstantClient:
 async def bench_env_steps(n: int, repeats: int = 5) -> dict[str, float]:
     """Best-of-`repeats` seconds per step for n steps of: the tool alone, and the env's astep."""
     from envs.mcp_tool_env import MCPToolEnv
-    from envs.tool_client import set_tool_client
 
     client = InstantClient()
-    set_tool_client(client)
-    try:
-        env = MCPToolEnv(None, ENV_ROW)
-        await env.ainit(None)
-        tool_s, env_s = [], []
-        for _ in range(repeats):
-            t = time.perf_counter()
-            for _ in range(n):
-                await client.call_tool("polygon", "previous_close", {"ticker": "NVDA"})
-            tool_s.append((time.perf_counter() - t) / n)
-            t = time.perf_counter()
-            for _ in range(n):
-                env.turns, env.done = 0, False  # keep one long episode going without re-building the env
-                out = await env.astep(ENV_ACTION)
-            env_s.append((time.perf_counter() - t) / n)
-            env.conversation = env.conversation[:2]
-        if out["metadata"]["calls"][0]["ok"] is not True:
-            raise RuntimeError(f"benchmark step failed: {out['metadata']}")
-    finally:
-        set_tool_client(None)
+    env = MCPToolEnv(None, ENV_ROW, tool_client=client)
+    await env.ainit(None)
+    tool_s, env_s = [], []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        for _ in range(n):
+            await client.call_tool("polygon", "previous_close", {"ticker": "NVDA"})
+        tool_s.append((time.perf_counter() - t) / n)
+        t = time.perf_counter()
+        for _ in range(n):
+            env.turns, env.done = 0, False  # keep one long episode going without re-building the env
+            out = await env.astep(ENV_ACTION)
+        env_s.append((time.perf_counter() - t) / n)
+        env.conversation = env.conversation[:2]
+    if out["metadata"]["calls"][0]["ok"] is not True:
+        raise RuntimeError(f"benchmark step failed: {out['metadata']}")
     return {"tool_s": min(tool_s), "env_s": min(env_s)}
 
 
@@ -310,9 +310,14 @@ class LatentClient:
         self.pool, self.low_s, self.high_s = pool, low_s, high_s
         self.rng = random.Random(seed)
 
-    async def call_tool(self, server: str, tool: str, arguments: dict[str, Any] | None = None) -> Any:
+    async def call_tool(
+        self, server: str, tool: str, arguments: dict[str, Any] | None = None, *, episode_id: str | None = None
+    ) -> Any:
         await asyncio.sleep(self.rng.uniform(self.low_s, self.high_s))
-        return await self.pool.call_tool(server, tool, arguments)
+        return await self.pool.call_tool(server, tool, arguments, episode_id=episode_id)
+
+    async def end_episode(self, episode_id: str) -> None:
+        await self.pool.end_episode(episode_id)
 
     async def list_tools(self) -> dict[str, list[dict[str, Any]]]:
         return await self.pool.list_tools()
@@ -407,21 +412,21 @@ async def bench_modes(
     """async vs lockstep over the same tasks, same engine kind, same seeded tool latencies."""
     from actors.episode_runner import EpisodeRunner
     from actors.models import load_tokenizer
-    from envs.tool_client import set_tool_client
     from serve_apps.tool_pool import LocalToolPool
 
     tokenizer = load_tokenizer(cfg.model)
     pool = await LocalToolPool.create(cfg.tools)
     out: dict[str, Any] = {}
     try:
-        warm = EpisodeRunner(cfg, [ExpertEngine(tokenizer, rows, 0.0)], tokenizer, progress=False)
-        set_tool_client(pool)
+        warm = EpisodeRunner(cfg, [ExpertEngine(tokenizer, rows, 0.0)], tokenizer, progress=False, tool_client=pool)
         await warm.run(rows, 1)  # first calls of each tool and template warm caches: not either mode's cost
         for mode in ("async", "lockstep"):
-            set_tool_client(LatentClient(pool, *ROLLOUT_TOOL_S))  # same seed: same latencies per mode
+            client = LatentClient(pool, *ROLLOUT_TOOL_S)  # same seed: same latencies per mode
             run_cfg = rollout_config(cfg, mode=mode, max_total_tokens=budget)
             engine = make_engine(tokenizer)
-            runner = EpisodeRunner(run_cfg, [engine], tokenizer, max_concurrent_episodes=cap, progress=False)
+            runner = EpisodeRunner(
+                run_cfg, [engine], tokenizer, max_concurrent_episodes=cap, progress=False, tool_client=client
+            )
             t = time.perf_counter()
             trajs = await runner.run(rows, ROLLOUT_GROUP)
             wall = time.perf_counter() - t
@@ -442,7 +447,6 @@ async def bench_modes(
                 "calls": [[len(m.get("calls") or []) for m in tr.env_metadata] for tr in trajs],
             }
     finally:
-        set_tool_client(None)
         await pool.close()
     return out
 

@@ -46,21 +46,19 @@ def main(argv: list[str] | None = None) -> None:
 
     import envs  # noqa: F401  (registers MCPToolEnv)
     from envs.mcp_tool_env import MCPToolEnv, run_sync
-    from envs.tool_client import set_tool_client
     from serve_apps.tool_pool import LocalToolPool
 
     pool = run_sync(LocalToolPool.create(cfg.tools))
-    set_tool_client(pool)
     try:
         try:
-            env = MCPToolEnv({"env": cfg.env, "reward": cfg.reward}, row)
+            env = MCPToolEnv(cfg, row, tool_client=pool)
         except (ValueError, KeyError, TypeError) as e:
             usage_error(f"{path}: row {args.row} cannot make an env: {e}")
         conversation, init_meta = env.init(row.get("prompt"))
         action = args.action if args.action is not None else default_action(row)
         out = env.step(action)
+        env.close()
     finally:
-        set_tool_client(None)
         run_sync(pool.close())
 
     meta = out["metadata"]

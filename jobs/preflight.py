@@ -72,7 +72,7 @@ def role_resources(cfg: Config) -> dict[str, dict[str, float]]:
             "GPU": cfg.learner.workers * cfg.learner.num_gpus_per_worker,
         },
     }
-    if cfg.reward.backend != "heuristic" and cfg.reward.judge.serve:
+    if cfg.reward.backend != "heuristic" and cfg.reward.judge.source != "local":
         roles["judge (Serve)"] = {"CPU": cfg.reward.judge.num_cpus, "GPU": 0.0}
     return roles
 

@@ -96,25 +96,17 @@ def to_sample(traj: Any) -> dict[str, Any]:
 
 
 def build_expert_trajectories(cfg: Config, rows: list[dict], tokenizer: Any) -> tuple[list[Any], dict[str, Any]]:
-    """Expert trajectories and their stats; registers (then removes) an offline LocalToolPool if no client is."""
+    """Expert trajectories and their stats, played against an offline LocalToolPool of the configured servers."""
     from actors.expert import expert_trajectories
     from envs.mcp_tool_env import run_sync
-    from envs.tool_client import get_tool_client, set_tool_client
     from serve_apps.tool_pool import LocalToolPool
 
     stats: dict[str, Any] = {}
-    own_pool = None
+    pool = run_sync(LocalToolPool.create(offline_tools(cfg.tools)))
     try:
-        get_tool_client()
-    except RuntimeError:
-        own_pool = run_sync(LocalToolPool.create(offline_tools(cfg.tools)))
-        set_tool_client(own_pool)
-    try:
-        trajs = run_sync(expert_trajectories(cfg, rows, tokenizer, stats=stats))
+        trajs = run_sync(expert_trajectories(cfg, rows, tokenizer, pool, stats=stats))
     finally:
-        if own_pool is not None:
-            set_tool_client(None)
-            run_sync(own_pool.close())
+        run_sync(pool.close())
     return trajs, stats
 
 

@@ -118,7 +118,7 @@ class Driver:
         self.pool = deploy_pool(cfg.tools)
         self._deploy_judge()
         print(f"starting {cfg.rollout.engines} rollout engine(s) and {cfg.rollout.runners} runner(s)", flush=True)
-        self.rollout = RolloutGroup(cfg, self.pool)
+        self.rollout = RolloutGroup(cfg, self.pool, judge=self._runner_judge())
         await self.rollout.start()
 
         learner_cfg = cfg
@@ -192,13 +192,9 @@ class Driver:
         from jobs.report import write_report
 
         wall = time.perf_counter() - t_start
-        report = write_report(
-            self.run_dir,
-            self.tracker.history(),
-            self.evals,
-            adapter=adapter,
-            extra={"health": self.health, "wall_time_s": wall, "steps": self.step},
-        )
+        extra: dict[str, Any] = {"health": self.health, "wall_time_s": wall, "steps": self.step}
+        extra.update(await self._judge_counts())
+        report = write_report(self.run_dir, self.tracker.history(), self.evals, adapter=adapter, extra=extra)
         return {"report": report, "evals": self.evals, "wall_time_s": wall, "adapter": adapter}
 
     async def close(self) -> None:
@@ -214,7 +210,7 @@ class Driver:
                     await awaitable
             except Exception as e:  # stopping one role must not keep the others running
                 log.warning("stopping the %s failed: %s", what, e)
-        if self.judge is not None:
+        if self._runner_judge() is not None:
             from serve_apps.judge import undeploy_judge
 
             undeploy_judge(self.judge)
@@ -228,13 +224,33 @@ class Driver:
     def _deploy_judge(self) -> None:
         if self.cfg.reward.backend == "heuristic":
             return
-        from envs.judge import set_judge
         from serve_apps.judge import deploy_judge, judge_client
 
-        # The runners' envs reach the judge through Serve; the driver itself scores whole groups (group_judge).
-        if self.cfg.reward.judge.serve:
-            self.judge = deploy_judge(self.cfg.reward)
-        set_judge(self.judge or judge_client(self.cfg.reward))
+        # The runners' envs reach the deployment through its handle, passed to them; the driver itself
+        # scores whole groups (group_judge). An in-process judge (source local) stays in the driver.
+        jc = self.cfg.reward.judge
+        self.judge = deploy_judge(self.cfg.reward) if jc.source != "local" else judge_client(self.cfg.reward)
+
+    async def _judge_counts(self) -> dict[str, int]:
+        """Calls the judge served (per action, per group) beside the env steps played: with llm_judge or
+        hybrid every step is one call, with group_judge every scored group is one. Only the deployment
+        sees every call: an in-process judge (source local) lives in each runner."""
+        if self._runner_judge() is None:
+            return {}
+        stats = await self.judge.stats()
+        counts = {
+            "judge_action_calls": int(stats["scored"] + stats["infra_faults"]),
+            "judge_group_calls": int(stats["ranked"] + stats["group_failures"]),
+            "turns_played": int(self.rollout.turns_played),
+        }
+        print("judge: " + ", ".join(f"{k} {v}" for k, v in counts.items()), flush=True)
+        return counts
+
+    def _runner_judge(self) -> Any:
+        """What the runner actors get: the deployment's handle; None makes each build its own from config."""
+        from serve_apps.judge import JudgeHandle
+
+        return self.judge if isinstance(self.judge, JudgeHandle) else None
 
     async def _rollout(self, tasks: list[dict[str, Any]], step: int) -> list[Any]:
         sampling = self.cfg.rollout.sampling.model_copy(update={"seed": step_seed(self.cfg, step)})
@@ -280,10 +296,15 @@ class Driver:
         groups: dict[int, list[Any]] = {}
         for t in trajs:
             groups.setdefault(t.group_id, []).append(t)
+        # All groups at once: the deployment batches them.
+        ranked = await asyncio.gather(
+            *(
+                group_judge([t.messages for t in members], tasks[g]["reward_spec"]["ground_truth"], judge=self.judge)
+                for g, members in groups.items()
+            )
+        )
         kept = []
-        for group_id, members in groups.items():
-            gt = tasks[group_id]["reward_spec"]["ground_truth"]
-            scores = await group_judge([t.messages for t in members], gt)
+        for members, scores in zip(groups.values(), ranked, strict=True):
             if scores is None:
                 continue
             for t, s in zip(members, scores, strict=True):
