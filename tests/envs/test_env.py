@@ -268,12 +268,15 @@ class RaisingClient:
     async def list_tools(self):
         return self.listing
 
-    async def call_tool(self, server, tool, arguments=None):
+    async def call_tool(self, server, tool, arguments=None, *, episode_id=None):
         raise ConnectionError("pool is gone")
+
+    async def end_episode(self, episode_id):
+        raise ConnectionError("pool is gone")  # close() must not raise for it
 
 
 class TimeoutClient(RaisingClient):
-    async def call_tool(self, server, tool, arguments=None):
+    async def call_tool(self, server, tool, arguments=None, *, episode_id=None):
         from serve_apps.tool_host import ToolCallResult
 
         return ToolCallResult(server, tool, False, "Error (timeout): slow", None, "timeout", "timed out after 10 s")
@@ -333,10 +336,9 @@ def test_config_forms(rows):
         MCPToolEnv({"env": {"observation_rol": "user"}}, row)  # typos fail at construction
 
 
-def test_no_client_fails_at_construction(rows):
-    set_tool_client(None)
-    with pytest.raises(RuntimeError, match="set_tool_client"):
-        make(rows[0])
+def test_a_tool_source_without_endpoints_fails_at_construction(rows):
+    with pytest.raises(ValueError, match="source http needs `endpoints`"):
+        make(rows[0], env={"tools": {"source": "http"}})
 
 
 def test_group_judge_records_and_returns_zero(rows):

@@ -107,8 +107,8 @@ async def test_rate_limit_holds_back_requests(ray_cluster, standin, tmp_path):
     assert "judge-rate-test" not in serve.status().applications
 
 
-def test_without_ray_or_serve_the_judge_runs_in_process(standin, tmp_path):
-    cfg = reward_config(standin, tmp_path / "cache", serve=False, rate_limit_per_s=5.0)
+def test_a_local_judge_runs_in_process(standin, tmp_path):
+    cfg = reward_config(standin, tmp_path / "cache", source="local", rate_limit_per_s=5.0)
     judge = judge_client(cfg)
     assert isinstance(judge, Judge) and judge.limiter is not None and judge.limiter.rate == 5.0
 
