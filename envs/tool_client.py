@@ -207,7 +207,7 @@ def judge_from_config(cfg: RewardConfig | JudgeConfig) -> Any:
     async def build() -> Any:
         from serve_apps.judge import judge_client
 
-        return judge_client(reward)
+        return await asyncio.to_thread(judge_client, reward)  # may join Ray and deploy: blocking calls
 
     key = json.dumps(reward.judge.model_dump(mode="json"), sort_keys=True)
     return _once(f"judge:{key}", build, "mcprl-judge")
