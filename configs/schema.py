@@ -37,6 +37,14 @@ class Deployment(Strict):
     num_cpus: float = Field(0.1, gt=0, description="CPUs Serve reserves per replica; fractions fit 2 cores.")
     timeout_s: float = Field(10.0, gt=0, description="Default per-call timeout, enforced in the replica.")
     tool_timeouts: dict[str, float] = Field(default_factory=dict, description="Per-tool timeout overrides.")
+    open_timeout_s: float = Field(
+        30.0, gt=0, description="Connecting to the server: starting a stdio program and the MCP handshake."
+    )
+    list_timeout_s: float = Field(10.0, gt=0, description="Listing the server's tools.")
+    close_timeout_s: float = Field(10.0, gt=0, description="Closing its sessions, or ending one episode's state.")
+    max_live_episodes: int = Field(
+        256, ge=1, description="Stateful servers: episodes whose state is kept at once; the oldest is dropped beyond."
+    )
     max_retries: int = Field(2, ge=0, description="Retries for retryable faults (upstream 5xx/429, network).")
     retry_backoff_s: float = Field(0.2, ge=0, description="First backoff; doubles on each retry.")
     rate_limit_per_s: float | None = Field(
@@ -53,10 +61,27 @@ class LiveService(Deployment):
     http_timeout_s: float = Field(8.0, gt=0, description="Timeout of one HTTP request to the live API.")
 
 
+def _one_replica(cfg: Deployment, where: str) -> None:
+    """Per-episode state lives in one replica's memory; Serve's routing by key (model multiplexing) is only
+    best effort, so an episode's calls could reach a replica without its state: refuse more than one."""
+    many = cfg.autoscaling.max_replicas > 1 if cfg.autoscaling else cfg.replicas > 1
+    if many:
+        raise ValueError(
+            f"{where} keeps each episode's state in its replica's memory, so it runs one replica "
+            "(replicas: 1 and no autoscaling beyond max_replicas: 1)"
+        )
+
+
 class SlackConfig(LiveService):
     db_path: str = Field(
         "", description="SQLite file of the offline workspace; empty = a fresh in-memory workspace per replica."
     )
+
+    @model_validator(mode="after")
+    def _stateful_one_replica(self) -> SlackConfig:
+        if self.backend == "offline":
+            _one_replica(self, "the offline slack workspace")
+        return self
 
 
 class SandboxConfig(Strict):
@@ -98,11 +123,18 @@ class ExternalServer(Deployment):
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment for the stdio program.")
     url: str | None = Field(None, description="Streamable-HTTP URL of the server.")
     headers: dict[str, str] = Field(default_factory=dict, description="HTTP headers (values may be ${ENV}).")
+    stateful: bool = Field(
+        False,
+        description="The server keeps state per session: each episode gets its own session (for stdio, its own "
+        "process), closed when the episode ends. Runs one replica.",
+    )
 
     @model_validator(mode="after")
     def _one_transport(self) -> ExternalServer:
         if (self.command is None) == (self.url is None):
             raise ValueError("give exactly one of `command` (stdio) or `url` (HTTP)")
+        if self.stateful:
+            _one_replica(self, f"stateful external server {self.name!r}")
         return self
 
 

@@ -5,6 +5,12 @@ token SLACK_BOT_TOKEN. Slack answers HTTP 200 with `ok: false` and an error code
 the codes to fault kinds. Offline: a workspace in SQLite (cfg.db_path, or a fresh in-memory one per
 server), seeded with a few channels and deterministic messages; posts persist, and their timestamps
 come from a logical clock (one second after the newest message), never the wall clock.
+
+Episodes (offline only): a call made inside an episode (`mcp_servers.episodes.current_episode`) reads
+and writes that episode's own in-memory workspace, copied on first use from the fixture (the shared
+workspace as it was when the server was built), and dropped when the episode ends; at most
+`cfg.max_live_episodes` live at once, the oldest evicted. Calls outside episodes use the shared
+workspace. The live backend cannot be isolated: every episode posts to the one real workspace.
 A channel is accepted by name ("markets" or "#markets") or by id ("C…"). Both backends return Slack's
 shapes trimmed: channels → {id, name, topic, purpose, is_private, is_archived, is_member, num_members,
 created}; messages → {ts, user, text}, newest first.
@@ -24,6 +30,7 @@ from pydantic import Field
 
 from configs.schema import SlackConfig
 from mcp_servers import market_data as md
+from mcp_servers.episodes import EpisodeStates, current_episode, on_end_episode
 from mcp_servers.errors import InvalidArguments, ToolFault, Unavailable, UpstreamError
 from mcp_servers.http_api import HttpApi
 
@@ -138,12 +145,17 @@ CREATE TABLE IF NOT EXISTS messages (
 
 
 class Offline:
-    def __init__(self, db_path: str = "") -> None:
+    """One workspace: a SQLite database, seeded, or copied from `fixture` (another workspace's database)."""
+
+    def __init__(self, db_path: str = "", fixture: sqlite3.Connection | None = None) -> None:
         # Autocommit mode + explicit BEGIN IMMEDIATE: replicas sharing one file serialize their writes.
         self.db = sqlite3.connect(db_path or ":memory:", isolation_level=None, check_same_thread=False)
         self.db.row_factory = sqlite3.Row
         self.lock = threading.Lock()
         with self.lock:
+            if fixture is not None:
+                fixture.backup(self.db)
+                return
             self.db.executescript(_SCHEMA)
             self.db.execute("BEGIN IMMEDIATE")
             if self.db.execute("SELECT COUNT(*) FROM channels").fetchone()[0] == 0:
@@ -203,6 +215,41 @@ class Offline:
         return {"channel": ch["id"], "ts": ts, "message": {"ts": ts, "user": BOT_USER, "text": text}}
 
 
+class Workspaces:
+    """The offline backend: the shared workspace, and one workspace per live episode (see the docstring)."""
+
+    def __init__(self, cfg: SlackConfig) -> None:
+        self.shared = Offline(cfg.db_path)
+        with self.shared.lock:  # the fixture every episode starts from, frozen before any episode writes
+            self.fixture = Offline(fixture=self.shared.db).db
+        self.episodes: EpisodeStates[Offline] = EpisodeStates("slack", cfg.max_live_episodes)
+
+    def _workspace(self) -> Offline:
+        episode_id = current_episode.get()
+        if episode_id is None:
+            return self.shared
+        workspace = self.episodes.get(episode_id)
+        if workspace is None:
+            workspace = Offline(fixture=self.fixture)
+            for old in self.episodes.add(episode_id, workspace):
+                old.db.close()
+        return workspace
+
+    async def end_episode(self, episode_id: str) -> None:
+        workspace = self.episodes.pop(episode_id)
+        if workspace is not None:
+            workspace.db.close()
+
+    async def list_channels(self) -> dict[str, Any]:
+        return await self._workspace().list_channels()
+
+    async def read_history(self, channel: str, limit: int) -> dict[str, Any]:
+        return await self._workspace().read_history(channel, limit)
+
+    async def post_message(self, channel: str, text: str) -> dict[str, Any]:
+        return await self._workspace().post_message(channel, text)
+
+
 # --------------------------------------------------------------------------- live
 
 
@@ -259,8 +306,10 @@ class Live:
 
 def build(cfg: SlackConfig | None = None) -> FastMCP:
     cfg = cfg or SlackConfig()
-    backend: Backend = Live(cfg) if cfg.backend == "live" else Offline(cfg.db_path)
+    backend: Backend = Live(cfg) if cfg.backend == "live" else Workspaces(cfg)
     mcp = FastMCP("slack", instructions="A Slack workspace: list channels, read messages, post messages.")
+    if isinstance(backend, Workspaces):
+        on_end_episode(mcp, backend.end_episode)
     read_only = {"readOnlyHint": True, "openWorldHint": cfg.backend == "live"}
 
     @mcp.tool(annotations=read_only)

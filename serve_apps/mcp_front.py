@@ -2,6 +2,11 @@
 
 Forwarding (instead of serving the backend's own app) means HTTP clients get the same timeouts,
 retries, rate limits and error kinds as handle callers, and external servers' tools can be renamed.
+
+Episodes over MCP: a `tools/call` whose `_meta` holds `"mcprl/episode_id": "<id>"` runs in that
+episode's state (see serve_apps.tool_pool); without it, in the shared state. To end an episode (drop
+its state), call the reserved tool `mcprl.end_episode` with no arguments and the same `_meta`; it is
+never listed, so models do not see it. Ending an unknown or already-ended episode succeeds.
 """
 
 from __future__ import annotations
@@ -10,11 +15,23 @@ import hmac
 from typing import Any
 
 from fastmcp import FastMCP
+from fastmcp.server.dependencies import fastmcp_request_ctx
+from fastmcp.server.middleware import Middleware
 from fastmcp.tools.base import Tool, ToolResult
 from mcp_types import TextContent
 from pydantic import PrivateAttr
 
-from serve_apps.tool_host import ToolHost
+from mcp_servers.errors import InvalidArguments
+from serve_apps.tool_host import END_EPISODE_TOOL, EPISODE_META, ToolHost
+
+
+def request_episode_id() -> str | None:
+    """The episode id in the current MCP request's `_meta`, if any."""
+    ctx = fastmcp_request_ctx.get()
+    value = (ctx.meta or {}).get(EPISODE_META) if ctx is not None else None
+    if value is not None and not isinstance(value, str):
+        raise InvalidArguments(f"_meta[{EPISODE_META!r}] must be a string, not {type(value).__name__}")
+    return value
 
 
 class ForwardingTool(Tool):
@@ -24,7 +41,7 @@ class ForwardingTool(Tool):
     _remote_name: str = PrivateAttr()
 
     async def run(self, arguments: dict[str, Any]) -> ToolResult:
-        r = await self._host.call_tool(self._remote_name, arguments)
+        r = await self._host.call_tool(self._remote_name, arguments, episode_id=request_episode_id())
         structured = r.structured if isinstance(r.structured, dict) else None
         return ToolResult(
             content=[TextContent(type="text", text=r.text)],
@@ -34,9 +51,26 @@ class ForwardingTool(Tool):
         )
 
 
+class EndEpisode(Middleware):
+    """Answers the reserved, unlisted END_EPISODE_TOOL: drops the `_meta` episode's state on the host."""
+
+    def __init__(self, host: ToolHost) -> None:
+        self.host = host
+
+    async def on_call_tool(self, context: Any, call_next: Any) -> ToolResult:
+        if context.message.name != END_EPISODE_TOOL:
+            return await call_next(context)
+        episode_id = request_episode_id()
+        if episode_id is None:
+            raise InvalidArguments(f"{END_EPISODE_TOOL} needs the episode id in _meta[{EPISODE_META!r}]")
+        await self.host.end_episode(episode_id)
+        return ToolResult(content=[TextContent(type="text", text=f"episode {episode_id!r} ended")])
+
+
 def build_front(host: ToolHost, tools: list[dict[str, Any]], prefix: str = "") -> FastMCP:
-    """A FastMCP server exposing `tools` (MCP dicts from the backend) as `<prefix><name>`."""
+    """A FastMCP server exposing `tools` (MCP dicts from the backend) as `<prefix><name>`, and END_EPISODE_TOOL."""
     front = FastMCP(host.name)
+    front.add_middleware(EndEpisode(host))
     for t in tools:
         tool = ForwardingTool(
             name=prefix + t["name"],

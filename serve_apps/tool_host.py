@@ -2,6 +2,19 @@
 
 `ToolHost` is a plain class: a Serve replica owns one, the in-process pool owns one per server, and
 the HTTP front forwards to it — so every path into a tool obeys the same rules.
+
+Every operation is bounded: opening a server's session (`open_timeout_s`), listing its tools
+(`list_timeout_s`), each call (`timeout_s`, `tool_timeouts`) and closing (`close_timeout_s`). One that
+overruns raises `ToolPoolTimeout`, which names the server and the operation; a call reports it in its
+result instead (kind `timeout` for the call itself, `unavailable` when the server could not be opened).
+
+Episodes: `call_tool(..., episode_id=...)` runs the call in that episode's state on a stateful server
+(the offline Slack: one workspace per episode; an external server marked `stateful`: one client
+session, for stdio one process, per episode), and `end_episode(episode_id)` drops it. Stateless
+servers ignore the id, except that a client of a remote MCP server passes it on in the request's
+`_meta` (`EPISODE_META`), so a remote mcprl pool keeps episodes apart too, and ends them with a call
+of the reserved tool `END_EPISODE_TOOL`. Live backends (the real Slack, Polygon...) cannot be
+isolated: an episode that posts to the real Slack posts where every other episode reads.
 """
 
 from __future__ import annotations
@@ -15,9 +28,31 @@ from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 from configs.schema import Deployment
+from mcp_servers.episodes import EpisodeStates, current_episode, end_episode_hook
 from mcp_servers.errors import INFRA_KINDS, ErrorKind, ToolFault
 
 log = logging.getLogger(__name__)
+
+# The request `_meta` key that carries the episode id over MCP (HTTP or stdio).
+EPISODE_META = "mcprl/episode_id"
+# A reserved tool, never listed: calling it with EPISODE_META in `_meta` ends that episode on the server.
+END_EPISODE_TOOL = "mcprl.end_episode"
+
+
+class ToolPoolTimeout(TimeoutError):
+    """A server did not answer a pool operation (open, list_tools, call_tool, close) in time."""
+
+    def __init__(self, server: str, operation: str, seconds: float) -> None:
+        super().__init__(f"server {server!r} did not answer {operation} within {seconds:g}s")
+        self.server, self.operation, self.seconds = server, operation, seconds
+
+
+async def bounded(server: str, operation: str, aw: Awaitable[Any], seconds: float) -> Any:
+    """Await `aw` for at most `seconds`; past that, raise ToolPoolTimeout naming the server."""
+    try:
+        return await asyncio.wait_for(aw, seconds)
+    except TimeoutError:
+        raise ToolPoolTimeout(server, operation, seconds) from None
 
 
 @dataclass
@@ -50,10 +85,18 @@ class ToolCallResult:
 class ToolBackend(Protocol):
     """Where the tools really run: a FastMCP server in this process, or a client of a remote one."""
 
+    async def open(self, episode_id: str | None = None) -> None:
+        """Be ready to serve this episode (None: the shared state): connect, start a process. Idempotent."""
+        ...
+
     async def list_tools(self) -> list[dict[str, Any]]: ...
 
-    async def call(self, tool: str, arguments: dict[str, Any]) -> tuple[str, Any]:
+    async def call(self, tool: str, arguments: dict[str, Any], episode_id: str | None = None) -> tuple[str, Any]:
         """Run one tool; return (text, structured) or raise (ToolFault or the backend's own errors)."""
+        ...
+
+    async def end_episode(self, episode_id: str) -> None:
+        """Drop this episode's state, if any. Idempotent."""
         ...
 
     async def close(self) -> None: ...
@@ -139,20 +182,36 @@ class ToolHost:
         self.limiter = RateLimiter(cfg.rate_limit_per_s / replicas) if cfg.rate_limit_per_s else None
         self._tools: list[dict[str, Any]] | None = None
 
+    async def open(self, episode_id: str | None = None) -> None:
+        """Connect the backend (for this episode, on a stateful server); ToolPoolTimeout past open_timeout_s."""
+        await bounded(self.name, "open", self.backend.open(episode_id), self.cfg.open_timeout_s)
+
     async def list_tools(self) -> list[dict[str, Any]]:
         """The server's tools as MCP dicts: name, description, inputSchema."""
         if self._tools is None:
-            self._tools = await self.backend.list_tools()
+            await self.open()
+            self._tools = await bounded(self.name, "list_tools", self.backend.list_tools(), self.cfg.list_timeout_s)
         return self._tools
 
     def timeout_for(self, tool: str) -> float:
         return self.cfg.tool_timeouts.get(tool, self.cfg.timeout_s)
 
-    async def call_tool(self, tool: str, arguments: dict[str, Any] | None = None) -> ToolCallResult:
-        """Call `tool`; never raises for a tool's failure — the result says what went wrong."""
+    async def call_tool(
+        self, tool: str, arguments: dict[str, Any] | None = None, *, episode_id: str | None = None
+    ) -> ToolCallResult:
+        """Call `tool` in this episode's state (None: shared); never raises for a tool's failure — the
+        result says what went wrong."""
         start = time.perf_counter()
         timeout = self.timeout_for(tool)
         attempt = 0
+        try:  # opening (a new episode's process, say) is not the call's time: bounded on its own
+            await self.open(episode_id)
+        except Exception as e:
+            kind, message = ("unavailable", str(e)) if isinstance(e, ToolPoolTimeout) else classify(e)[:2]
+            return ToolCallResult(
+                self.name, tool, False, f"Error ({kind}): {message}", None, kind, message,
+                latency_ms=(time.perf_counter() - start) * 1e3,
+            )  # fmt: skip
         while True:
             attempt += 1
             try:
@@ -160,7 +219,8 @@ class ToolHost:
                     raise TypeError("arguments must be a JSON object")
                 if self.limiter:
                     await self.limiter.acquire()
-                text, structured = await asyncio.wait_for(self.backend.call(tool, arguments or {}), timeout)
+                call = self.backend.call(tool, arguments or {}, episode_id)
+                text, structured = await asyncio.wait_for(call, timeout)
                 return ToolCallResult(
                     self.name, tool, True, text, structured,
                     latency_ms=(time.perf_counter() - start) * 1e3, attempts=attempt,
@@ -179,6 +239,14 @@ class ToolHost:
                     latency_ms=(time.perf_counter() - start) * 1e3, attempts=attempt,
                 )  # fmt: skip
             await asyncio.sleep(self.cfg.retry_backoff_s * 2 ** (attempt - 1))
+
+    async def end_episode(self, episode_id: str) -> None:
+        """Drop the episode's state (idempotent); ToolPoolTimeout past close_timeout_s."""
+        await bounded(self.name, "end_episode", self.backend.end_episode(episode_id), self.cfg.close_timeout_s)
+
+    async def close(self) -> None:
+        """Close the backend's sessions and processes; ToolPoolTimeout past close_timeout_s."""
+        await bounded(self.name, "close", self.backend.close(), self.cfg.close_timeout_s)
 
     async def healthy(self) -> None:
         """Raise if the server cannot list its tools or fails its probe (Serve restarts such a replica)."""
@@ -207,30 +275,38 @@ class LocalBackend:
     def __init__(self, server: Any) -> None:
         self.server = server
 
+    async def open(self, episode_id: str | None = None) -> None:
+        return None
+
     async def list_tools(self) -> list[dict[str, Any]]:
         tools = await self.server.list_tools()
         return [t.to_mcp_tool().model_dump(by_alias=True, exclude_none=True, mode="json") for t in tools]
 
-    async def call(self, tool: str, arguments: dict[str, Any]) -> tuple[str, Any]:
-        result = await self.server.call_tool(tool, arguments)
+    async def call(self, tool: str, arguments: dict[str, Any], episode_id: str | None = None) -> tuple[str, Any]:
+        token = current_episode.set(episode_id)  # a stateful server picks the episode's state by it
+        try:
+            result = await self.server.call_tool(tool, arguments)
+        finally:
+            current_episode.reset(token)
         return _text_of(result.content), result.structured_content
+
+    async def end_episode(self, episode_id: str) -> None:
+        if hook := end_episode_hook(self.server):
+            await hook(episode_id)
 
     async def close(self) -> None:
         return None
 
 
-class ClientBackend:
-    """A remote MCP server (stdio command or URL) through one persistent client session.
+class _Session:
+    """One MCP client session, opened on first use. Closing it ends the stdio program, if it has one."""
 
-    The session is opened on first use and reopened once when a call finds it dropped.
-    """
-
-    def __init__(self, transport_factory: Any) -> None:
-        self._factory = transport_factory
+    def __init__(self, factory: Callable[[], Any]) -> None:
+        self._factory = factory
         self._client: Any = None
         self._lock = asyncio.Lock()
 
-    async def _session(self) -> Any:
+    async def get(self) -> Any:
         async with self._lock:
             if self._client is None or not self._client.is_connected():
                 from fastmcp import Client
@@ -245,30 +321,97 @@ class ClientBackend:
         client, self._client = self._client, None
         if client is not None:
             try:
-                await client.__aexit__(None, None, None)
+                # close(), not __aexit__: fastmcp keeps a stdio program alive past the context unless the
+                # transport is closed too, and programs left running hang the event loop's shutdown.
+                await client.close()
             except Exception as e:  # the session is already broken; closing it is best effort
                 log.debug("closing a dropped MCP session: %s", e)
-
-    async def _with_reconnect(self, fn: Any) -> Any:
-        from fastmcp.exceptions import ToolError
-
-        try:
-            return await fn(await self._session())
-        except ToolError:
-            raise  # the server answered: nothing wrong with the session
-        except Exception as e:
-            log.warning("MCP session failed (%s: %s); reconnecting once", type(e).__name__, e)
-            await self._drop()
-            return await fn(await self._session())
-
-    async def list_tools(self) -> list[dict[str, Any]]:
-        tools = await self._with_reconnect(lambda c: c.list_tools())
-        return [t.model_dump(by_alias=True, exclude_none=True, mode="json") for t in tools]
-
-    async def call(self, tool: str, arguments: dict[str, Any]) -> tuple[str, Any]:
-        result = await self._with_reconnect(lambda c: c.call_tool(tool, arguments, raise_on_error=True))
-        return _text_of(result.content), result.structured_content
 
     async def close(self) -> None:
         async with self._lock:
             await self._drop()
+
+    async def run(self, fn: Callable[[Any], Awaitable[Any]]) -> Any:
+        """`fn(client)`, reconnecting once when the session turns out to be dropped."""
+        from fastmcp.exceptions import ToolError
+
+        try:
+            return await fn(await self.get())
+        except ToolError:
+            raise  # the server answered: nothing wrong with the session
+        except Exception as e:
+            log.warning("MCP session failed (%s: %s); reconnecting once", type(e).__name__, e)
+            await self.close()
+            return await fn(await self.get())
+
+
+class ClientBackend:
+    """A remote MCP server (stdio command or URL) through persistent client sessions.
+
+    One shared session serves every call of a stateless server. A `stateful` one also gets one session
+    per episode (for stdio: its own process), closed at `end_episode`; at most `max_live_episodes`.
+    Each call made in an episode carries its id in `_meta`; with `forward_episodes` (a URL server,
+    which may be another mcprl pool) `end_episode` is passed on as a call of END_EPISODE_TOOL.
+    """
+
+    def __init__(
+        self,
+        transport_factory: Callable[[], Any],
+        *,
+        name: str = "mcp",
+        stateful: bool = False,
+        forward_episodes: bool = False,
+        max_live_episodes: int = 64,
+    ) -> None:
+        self._factory = transport_factory
+        self.stateful = stateful
+        self.forward_episodes = forward_episodes
+        self._shared = _Session(transport_factory)
+        self._episodes: EpisodeStates[_Session] = EpisodeStates(name, max_live_episodes)
+
+    def _session(self, episode_id: str | None) -> _Session:
+        if not self.stateful or episode_id is None:
+            return self._shared
+        session = self._episodes.get(episode_id)
+        if session is None:
+            session = _Session(self._factory)
+            for old in self._episodes.add(episode_id, session):
+                _close_soon(old)
+        return session
+
+    async def open(self, episode_id: str | None = None) -> None:
+        await self._session(episode_id).get()
+
+    async def list_tools(self) -> list[dict[str, Any]]:
+        tools = await self._shared.run(lambda c: c.list_tools())
+        return [t.model_dump(by_alias=True, exclude_none=True, mode="json") for t in tools]
+
+    async def call(self, tool: str, arguments: dict[str, Any], episode_id: str | None = None) -> tuple[str, Any]:
+        meta = {EPISODE_META: episode_id} if episode_id is not None else None
+        result = await self._session(episode_id).run(
+            lambda c: c.call_tool(tool, arguments, raise_on_error=True, meta=meta)
+        )
+        return _text_of(result.content), result.structured_content
+
+    async def end_episode(self, episode_id: str) -> None:
+        session = self._episodes.pop(episode_id)
+        if session is not None:
+            await session.close()
+        if self.forward_episodes:
+            meta = {EPISODE_META: episode_id}
+            result = await self._shared.run(lambda c: c.call_tool_mcp(END_EPISODE_TOOL, {}, meta=meta))
+            if result.is_error:  # a server that is not an mcprl pool has no such tool, nor episodes to end
+                log.debug("%s did not end episode %r: %s", END_EPISODE_TOOL, episode_id, _text_of(result.content))
+
+    async def close(self) -> None:
+        await asyncio.gather(self._shared.close(), *(s.close() for s in self._episodes.pop_all()))
+
+
+_closing: set[asyncio.Task[None]] = set()
+
+
+def _close_soon(session: _Session) -> None:
+    """Close an evicted session in the background (eviction happens in a synchronous step)."""
+    task = asyncio.get_running_loop().create_task(session.close())
+    _closing.add(task)
+    task.add_done_callback(_closing.discard)

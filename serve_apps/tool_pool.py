@@ -4,6 +4,31 @@ Each replica builds its server in-process (FastMCP apps cannot be pickled from t
 offers two doors: MCP over stateless streamable HTTP at `/mcp/<server>` for any MCP client, and
 handle methods (`call_tool`, `list_tools`) for callers inside the cluster. `LocalToolPool` is the
 same pool without Ray, for unit tests, notebooks and the benchmark's baseline.
+
+Episodes. `call_tool(server, tool, arguments, episode_id=...)` runs a call in that episode's own
+state on a stateful server, and `end_episode(episode_id)` drops the episode's state on every server
+(idempotent). Episode id None is the shared state (tools used outside episodes: task validation,
+generation). Stateful servers are the offline Slack (one SQLite workspace per episode, copied from the
+fixture) and any external server marked `stateful: true` (one client session per episode; for stdio,
+one process). Over MCP HTTP the id travels in the request's `_meta` under `mcprl/episode_id`; an HTTP
+client ends an episode by calling the reserved, unlisted tool `mcprl.end_episode` with that `_meta`
+(see serve_apps.mcp_front). A pool of URL servers pointing at this pool keeps the isolation, since
+its clients send both.
+
+On Serve, per-episode state lives in a replica's memory, so all of an episode's calls must reach the
+same replica. Serve's routing by key (model multiplexing, `handle.options(multiplexed_model_id=...)`)
+is only best effort: it prefers a replica that holds the key, but sends the request elsewhere when
+that replica is busy or none holds it yet, and a replica that dies takes its episodes with it. So
+stateful servers run exactly one replica (the config refuses more); a replica restarted mid-episode
+comes back with fresh state, from the fixture. One replica of the offline Slack (SQLite in memory)
+serves far more calls than a rollout makes.
+
+Live backends (the real Slack, Polygon, FMP, Tavily) cannot be isolated: every episode reads and
+writes the one real service.
+
+Every pool operation has a timeout (per server: `open_timeout_s`, `list_timeout_s`, `timeout_s`,
+`close_timeout_s`); one that overruns raises (or, for a call, returns) an error that names the server,
+e.g. `ToolPoolTimeout: server 'git' did not answer list_tools within 10s`.
 """
 
 from __future__ import annotations
@@ -20,7 +45,15 @@ from configs.schema import Deployment, ExternalServer, ToolsConfig
 from mcp_servers import build_server, health_probe
 from mcp_servers.errors import UnknownTool
 from serve_apps.mcp_front import build_front, http_app
-from serve_apps.tool_host import ClientBackend, LocalBackend, ToolBackend, ToolCallResult, ToolHost
+from serve_apps.tool_host import (
+    ClientBackend,
+    LocalBackend,
+    ToolBackend,
+    ToolCallResult,
+    ToolHost,
+    ToolPoolTimeout,
+    bounded,
+)
 
 log = logging.getLogger(__name__)
 
@@ -68,10 +101,17 @@ def make_backend(spec: ServerSpec) -> ToolBackend:
 
         if ext.command:
             env = {**os.environ, **{k: _expand_env(v) for k, v in ext.env.items()}}
-            return StdioTransport(ext.command[0], ext.command[1:], env=env)
+            # keep_alive=False: the program lives exactly as long as its session
+            return StdioTransport(ext.command[0], ext.command[1:], env=env, keep_alive=False)
         return StreamableHttpTransport(ext.url, headers={k: _expand_env(v) for k, v in ext.headers.items()})
 
-    return ClientBackend(transport)
+    return ClientBackend(
+        transport,
+        name=spec.name,
+        stateful=ext.stateful,
+        forward_episodes=ext.url is not None,
+        max_live_episodes=ext.max_live_episodes,
+    )
 
 
 async def make_host(spec: ServerSpec) -> ToolHost:
@@ -83,19 +123,28 @@ async def make_host(spec: ServerSpec) -> ToolHost:
 
 
 class ToolPool:
-    """What callers see, in the cluster or in-process: call a tool, list the tools."""
+    """What callers see, in the cluster or in-process: call a tool, list the tools, end an episode."""
 
-    async def call_tool(self, server: str, tool: str, arguments: dict[str, Any] | None = None) -> ToolCallResult:
+    async def call_tool(
+        self, server: str, tool: str, arguments: dict[str, Any] | None = None, *, episode_id: str | None = None
+    ) -> ToolCallResult:
+        """Call `tool` of `server` in the episode's state (None: the shared state)."""
+        raise NotImplementedError
+
+    async def end_episode(self, episode_id: str) -> None:
+        """Drop the episode's state on every stateful server. Idempotent; faults are logged, not raised."""
         raise NotImplementedError
 
     async def list_tools(self) -> dict[str, list[dict[str, Any]]]:
         """MCP tool dicts by server (external servers' tool names are `<server>.<tool>`)."""
         raise NotImplementedError
 
-    async def call(self, qualified: str, arguments: dict[str, Any] | None = None) -> ToolCallResult:
+    async def call(
+        self, qualified: str, arguments: dict[str, Any] | None = None, *, episode_id: str | None = None
+    ) -> ToolCallResult:
         """Call `server.tool` by its qualified name."""
         server, _, tool = qualified.partition(".")
-        return await self.call_tool(server, tool, arguments)
+        return await self.call_tool(server, tool, arguments, episode_id=episode_id)
 
     def _unknown_server(self, server: str, tool: str, known: list[str]) -> ToolCallResult:
         msg = str(UnknownTool(f"no MCP server {server!r} in the pool; servers: {', '.join(sorted(known))}"))
@@ -103,6 +152,12 @@ class ToolPool:
 
     async def close(self) -> None:
         return None
+
+
+def _log_end_faults(episode_id: str, names: list[str], outcomes: list[Any]) -> None:
+    for name, outcome in zip(names, outcomes, strict=True):
+        if isinstance(outcome, BaseException):
+            log.warning("server %r could not end episode %r: %s: %s", name, episode_id, type(outcome).__name__, outcome)
 
 
 class LocalToolPool(ToolPool):
@@ -113,20 +168,39 @@ class LocalToolPool(ToolPool):
 
     @classmethod
     async def create(cls, cfg: ToolsConfig) -> LocalToolPool:
-        return cls({s.name: await make_host(s) for s in server_specs(cfg)})
+        """Build every enabled server and open them all at once (each within its open_timeout_s)."""
+        pool = cls({s.name: await make_host(s) for s in server_specs(cfg)})
+        outcomes = await asyncio.gather(*(h.open() for h in pool.hosts.values()), return_exceptions=True)
+        failed = [e for e in outcomes if isinstance(e, BaseException)]
+        if failed:
+            await pool.close()
+            raise failed[0]
+        return pool
 
-    async def call_tool(self, server: str, tool: str, arguments: dict[str, Any] | None = None) -> ToolCallResult:
+    async def call_tool(
+        self, server: str, tool: str, arguments: dict[str, Any] | None = None, *, episode_id: str | None = None
+    ) -> ToolCallResult:
         host = self.hosts.get(server)
         if host is None:
             return self._unknown_server(server, tool, list(self.hosts))
-        return await host.call_tool(tool, arguments)
+        return await host.call_tool(tool, arguments, episode_id=episode_id)
+
+    async def end_episode(self, episode_id: str) -> None:
+        names = list(self.hosts)
+        outcomes = await asyncio.gather(*(self.hosts[n].end_episode(episode_id) for n in names), return_exceptions=True)
+        _log_end_faults(episode_id, names, outcomes)
 
     async def list_tools(self) -> dict[str, list[dict[str, Any]]]:
-        return {name: await _qualified_tools(host) for name, host in self.hosts.items()}
+        names = list(self.hosts)
+        lists = await asyncio.gather(*(_qualified_tools(self.hosts[n]) for n in names))
+        return dict(zip(names, lists, strict=True))
 
     async def close(self) -> None:
-        for host in self.hosts.values():
-            await host.backend.close()
+        """Close every server (all at once); raises the first fault, e.g. a ToolPoolTimeout, after trying all."""
+        outcomes = await asyncio.gather(*(h.close() for h in self.hosts.values()), return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
 
 
 async def _qualified_tools(host: ToolHost) -> list[dict[str, Any]]:
@@ -157,8 +231,13 @@ def _deployment_class() -> Any:
         def __serve_build_asgi_app__(self) -> Any:
             return http_app(self.front, self.token)
 
-        async def call_tool(self, tool: str, arguments: dict[str, Any] | None = None) -> dict[str, Any]:
-            return (await self.host.call_tool(tool, arguments)).to_dict()
+        async def call_tool(
+            self, tool: str, arguments: dict[str, Any] | None = None, episode_id: str | None = None
+        ) -> dict[str, Any]:
+            return (await self.host.call_tool(tool, arguments, episode_id=episode_id)).to_dict()
+
+        async def end_episode(self, episode_id: str) -> None:
+            await self.host.end_episode(episode_id)
 
         async def list_tools(self) -> list[dict[str, Any]]:
             return await _qualified_tools(self.host)
@@ -167,7 +246,7 @@ def _deployment_class() -> Any:
             await self.host.healthy()
 
         async def __del__(self) -> None:
-            await self.host.backend.close()
+            await self.host.close()
 
     return MCPServer
 
@@ -222,24 +301,39 @@ def check_http_security(cfg: ToolsConfig) -> str | None:
 class ServeToolPool(ToolPool):
     """Calls the pool's deployments through Serve handles; survives replicas that die mid-call."""
 
-    def __init__(self, handles: dict[str, Any], base_url: str, retries: int = 3) -> None:
-        """`base_url`: Serve's proxy, e.g. http://127.0.0.1:8000."""
+    def __init__(
+        self, handles: dict[str, Any], base_url: str, retries: int = 3, timeouts: dict[str, Deployment] | None = None
+    ) -> None:
+        """`base_url`: Serve's proxy, e.g. http://127.0.0.1:8000. `timeouts`: each server's config, whose
+        list and close timeouts bound the handle calls (defaults when absent)."""
         self.handles = handles
         self.base_url = base_url
         self.retries = retries
+        self.timeouts = timeouts or {}
+
+    def _cfg(self, server: str) -> Deployment:
+        return self.timeouts.get(server) or Deployment()
 
     def url(self, server: str) -> str:
         return f"{self.base_url}/mcp/{server}/"
 
-    async def call_tool(self, server: str, tool: str, arguments: dict[str, Any] | None = None) -> ToolCallResult:
+    async def call_tool(
+        self, server: str, tool: str, arguments: dict[str, Any] | None = None, *, episode_id: str | None = None
+    ) -> ToolCallResult:
         from ray.exceptions import RayActorError
 
         handle = self.handles.get(server)
         if handle is None:
             return self._unknown_server(server, tool, list(self.handles))
+        # The replica bounds the call itself; this looser bound covers a replica that never answers at all.
+        cfg = self._cfg(server)
+        limit = cfg.open_timeout_s + max([cfg.timeout_s, *cfg.tool_timeouts.values()]) * (cfg.max_retries + 1) + 30
         for attempt in range(self.retries + 1):
             try:
-                return ToolCallResult.from_dict(await handle.call_tool.remote(tool, arguments))
+                answer = await bounded(server, "call_tool", handle.call_tool.remote(tool, arguments, episode_id), limit)
+                return ToolCallResult.from_dict(answer)
+            except ToolPoolTimeout as e:
+                return ToolCallResult(server, tool, False, f"Error (unavailable): {e}", None, "unavailable", str(e))
             except RayActorError as e:  # the replica died under us: Serve routes the retry elsewhere
                 if attempt == self.retries:
                     msg = f"replica of {server!r} died and retries ran out: {type(e).__name__}"
@@ -249,8 +343,21 @@ class ServeToolPool(ToolPool):
 
     async def list_tools(self) -> dict[str, list[dict[str, Any]]]:
         names = list(self.handles)
-        lists = await asyncio.gather(*(self.handles[n].list_tools.remote() for n in names))
+        lists = await asyncio.gather(
+            *(bounded(n, "list_tools", self.handles[n].list_tools.remote(), self._cfg(n).list_timeout_s) for n in names)
+        )
         return dict(zip(names, lists, strict=True))
+
+    async def end_episode(self, episode_id: str) -> None:
+        names = list(self.handles)
+        outcomes = await asyncio.gather(
+            *(
+                bounded(n, "end_episode", self.handles[n].end_episode.remote(episode_id), self._cfg(n).close_timeout_s)
+                for n in names
+            ),
+            return_exceptions=True,
+        )
+        _log_end_faults(episode_id, names, outcomes)
 
 
 def deploy_pool(cfg: ToolsConfig) -> ServeToolPool:
@@ -271,7 +378,11 @@ def deploy_pool(cfg: ToolsConfig) -> ServeToolPool:
     ]
     handles = serve.run_many(targets)
     url_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-    return ServeToolPool({s.name: h for s, h in zip(specs, handles, strict=True)}, f"http://{url_host}:{port}")
+    return ServeToolPool(
+        {s.name: h for s, h in zip(specs, handles, strict=True)},
+        f"http://{url_host}:{port}",
+        timeouts={s.name: s.cfg for s in specs},
+    )
 
 
 def _serving_address(cfg: ToolsConfig) -> tuple[str, int]:

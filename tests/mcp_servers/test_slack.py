@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import logging
+from typing import Any
+
 import pytest
-from fastmcp import Client
+from fastmcp import Client, FastMCP
 from fastmcp.exceptions import ValidationError
 
 from configs.schema import LiveService, SlackConfig
 from mcp_servers import build_server
+from mcp_servers.episodes import current_episode, end_episode_hook
 from mcp_servers.errors import InvalidArguments, Unavailable, UpstreamError
 
 from .standins import HTTP_FAULTS, assert_documented, call, fault
@@ -198,3 +202,66 @@ async def test_live_and_offline_answers_have_the_same_keys(live, offline):
         live_message = live_answer.get("message") or live_answer["messages"][0]
         offline_message = offline_answer.get("message") or offline_answer["messages"][0]
         assert live_message.keys() == offline_message.keys(), tool
+
+
+# --------------------------------------------------------------------------- episodes
+
+
+class EpisodeCaller:
+    """Calls the server's tools as the pool does: inside an episode when one is given."""
+
+    def __init__(self, server: FastMCP) -> None:
+        self.server = server
+
+    async def call(self, tool: str, arguments: dict[str, Any], episode_id: str | None = None) -> tuple[str, Any]:
+        token = current_episode.set(episode_id)
+        try:
+            result = await self.server.call_tool(tool, arguments)
+        finally:
+            current_episode.reset(token)
+        return "", result.structured_content
+
+
+async def test_each_episode_has_its_own_workspace_dropped_at_its_end():
+    server = build_server("slack", SlackConfig())
+    backend = EpisodeCaller(server)
+    for episode in ("a", "b"):
+        await backend.call("post_message", {"channel": "random", "text": f"from {episode}"}, episode)
+
+    async def texts(episode: str | None) -> list[str]:
+        _, out = await backend.call("read_history", {"channel": "random", "limit": 100}, episode)
+        return [m["text"] for m in out["messages"]]
+
+    a, b, shared = await texts("a"), await texts("b"), await texts(None)
+    assert a[0] == "from a" and b[0] == "from b" and a[1:] == b[1:] == shared
+    await end_episode_hook(server)("a")
+    await end_episode_hook(server)("a")  # idempotent
+    assert await texts("a") == shared
+    assert end_episode_hook(build_server("slack", SlackConfig(backend="live"))) is None  # live: nothing to isolate
+
+
+async def test_live_slack_workspaces_are_bounded_oldest_evicted(caplog):
+    backend = EpisodeCaller(build_server("slack", SlackConfig(max_live_episodes=2)))
+
+    async def post(episode: str) -> None:
+        await backend.call("post_message", {"channel": "random", "text": episode}, episode)
+
+    async def newest(episode: str) -> str:
+        _, out = await backend.call("read_history", {"channel": "random", "limit": 1}, episode)
+        return out["messages"][0]["text"]
+
+    with caplog.at_level(logging.WARNING, logger="mcp_servers.episodes"):
+        for episode in ("e1", "e2", "e3"):
+            await post(episode)
+    assert "more than 2 live episodes" in caplog.text and "'e1'" in caplog.text
+    assert [await newest(e) for e in ("e2", "e3")] == ["e2", "e3"]
+    assert await newest("e1") == "Count me in."  # evicted: it starts over from the fixture
+
+
+async def test_file_workspace_is_the_fixture_of_every_episode(tmp_path):
+    cfg = SlackConfig(db_path=str(tmp_path / "ws.db"))
+    await EpisodeCaller(build_server("slack", cfg)).call("post_message", {"channel": "general", "text": "seeded"})
+    backend = EpisodeCaller(build_server("slack", cfg))
+    await backend.call("post_message", {"channel": "general", "text": "shared later"})
+    _, out = await backend.call("read_history", {"channel": "general", "limit": 1}, "ep")
+    assert out["messages"][0]["text"] == "seeded"  # the file as it was when the server was built

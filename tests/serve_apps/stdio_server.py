@@ -1,7 +1,13 @@
-"""A small MCP server that speaks stdio, for the pool's external-server tests: `python stdio_server.py`."""
+"""A small MCP server for the pool's external-server tests.
+
+`python stdio_server.py`: MCP over stdio. `--http PORT`: streamable HTTP on 127.0.0.1:PORT.
+`--silent`: a program that never answers (for the pool's timeouts).
+"""
 
 import asyncio
 import os
+import sys
+import time
 from typing import Annotated
 
 from fastmcp import FastMCP
@@ -36,4 +42,10 @@ def whoami() -> dict:
 
 
 if __name__ == "__main__":
-    mcp.run(transport="stdio", show_banner=False)
+    if "--silent" in sys.argv:
+        time.sleep(3600)
+    elif "--http" in sys.argv:
+        port = int(sys.argv[sys.argv.index("--http") + 1])
+        mcp.run(transport="http", host="127.0.0.1", port=port, path="/mcp/", show_banner=False, log_level="warning")
+    else:
+        mcp.run(transport="stdio", show_banner=False)

@@ -10,7 +10,7 @@ import pytest
 
 from configs.schema import Deployment
 from mcp_servers.errors import InvalidArguments, UpstreamError
-from serve_apps.tool_host import RateLimiter, ToolHost
+from serve_apps.tool_host import RateLimiter, ToolHost, ToolPoolTimeout
 
 
 class Flaky:
@@ -19,14 +19,20 @@ class Flaky:
     def __init__(self, fault: Exception, failures: int) -> None:
         self.fault, self.failures, self.calls = fault, failures, 0
 
+    async def open(self, episode_id: str | None = None) -> None:
+        return None
+
     async def list_tools(self) -> list[dict[str, Any]]:
         return [{"name": "t", "inputSchema": {"type": "object"}}]
 
-    async def call(self, tool: str, arguments: dict[str, Any]) -> tuple[str, Any]:
+    async def call(self, tool: str, arguments: dict[str, Any], episode_id: str | None = None) -> tuple[str, Any]:
         self.calls += 1
         if self.calls <= self.failures:
             raise self.fault
         return "fine", {"ok": True}
+
+    async def end_episode(self, episode_id: str) -> None:
+        return None
 
     async def close(self) -> None:
         return None
@@ -59,7 +65,7 @@ async def test_non_retryable_faults_are_not_retried():
 
 async def test_per_tool_timeout_overrides_the_default():
     class Slow(Flaky):
-        async def call(self, tool: str, arguments: dict[str, Any]) -> tuple[str, Any]:
+        async def call(self, tool: str, arguments: dict[str, Any], episode_id: str | None = None) -> tuple[str, Any]:
             await asyncio.sleep(5)
             return "late", None
 
@@ -91,3 +97,40 @@ async def test_health_check_runs_the_servers_probe():
 
 async def _answer(value: str | None) -> str | None:
     return value
+
+
+class Hung(Flaky):
+    """A backend that never answers anything."""
+
+    async def open(self, episode_id: str | None = None) -> None:
+        await asyncio.sleep(3600)
+
+    async def list_tools(self) -> list[dict[str, Any]]:
+        await asyncio.sleep(3600)
+        return []
+
+    async def end_episode(self, episode_id: str) -> None:
+        await asyncio.sleep(3600)
+
+    async def close(self) -> None:
+        await asyncio.sleep(3600)
+
+
+async def test_every_operation_is_bounded_and_names_the_server():
+    h = ToolHost("git", Hung(UpstreamError("x"), 0), Deployment(open_timeout_s=0.2, close_timeout_s=0.1))
+    with pytest.raises(ToolPoolTimeout, match=r"^server 'git' did not answer open within 0.2s$"):
+        await h.list_tools()
+    r = await h.call_tool("t", {})  # a server that cannot be opened is the infrastructure's fault
+    assert r.error_kind == "unavailable" and r.infra_fault and r.error == "server 'git' did not answer open within 0.2s"
+    with pytest.raises(ToolPoolTimeout, match=r"'git' did not answer end_episode within 0.1s"):
+        await h.end_episode("e1")
+    with pytest.raises(ToolPoolTimeout, match=r"'git' did not answer close within 0.1s"):
+        await h.close()
+
+    class OpensThenHangs(Hung):
+        async def open(self, episode_id: str | None = None) -> None:
+            return None
+
+    h = ToolHost("git", OpensThenHangs(UpstreamError("x"), 0), Deployment(list_timeout_s=0.2))
+    with pytest.raises(ToolPoolTimeout, match=r"'git' did not answer list_tools within 0.2s"):
+        await h.list_tools()

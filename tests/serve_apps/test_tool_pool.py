@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from pathlib import Path
 
 import httpx
 import pytest
@@ -15,7 +14,9 @@ from configs.loader import load_config
 from serve_apps.tool_pool import LocalToolPool, ServeToolPool, check_http_security, deploy_pool, undeploy_pool
 from tests.conftest import free_port
 
-STDIO_SERVER = str(Path(__file__).with_name("stdio_server.py"))
+from .conftest import STDIO_SERVER
+from .test_pool_episodes import assert_episodes_isolated
+
 BUILTINS = ("polygon", "fmp", "tavily", "slack", "python")
 
 # One valid call per built-in tool; a test checks that this covers every tool the pool lists.
@@ -35,15 +36,23 @@ SAMPLE_CALLS: dict[tuple[str, str], dict] = {
 }
 
 
-def external(name: str, **extra) -> str:
-    """A `--set` that adds the test's stdio MCP server as an external server."""
-    return "tools.external=" + json.dumps([{"name": name, "command": [sys.executable, STDIO_SERVER], **extra}])
+def stdio(name: str, **extra) -> dict:
+    """The test's stdio MCP server as an external server."""
+    return {"name": name, "command": [sys.executable, STDIO_SERVER], **extra}
 
 
-def pool_config(port: int, builtins: bool = True, extra: list[str] = ()):
+def external(*servers: dict) -> str:
+    """A `--set` of these external servers."""
+    return "tools.external=" + json.dumps(list(servers))
+
+
+def pool_config(port: int, builtins: bool = True, extra: list[str] = (), url_server: str | None = None):
+    servers = [stdio("notes", replicas=2, tool_timeouts={"sleep": 1.0})]
+    if url_server:  # a second stdio server and a URL one: several external servers at once
+        servers += [stdio("clock"), {"name": "web", "url": url_server}]
     sets = [
         f"tools.http.port={port}",
-        external("notes", replicas=2, tool_timeouts={"sleep": 1.0}),
+        external(*servers),
         "tools.servers.python.sandbox.cpu_time_s=1",
         # the CPU limit must fire before any wall-clock one, even when a loaded machine gives the program little CPU
         "tools.servers.python.timeout_s=120",
@@ -55,8 +64,8 @@ def pool_config(port: int, builtins: bool = True, extra: list[str] = ()):
 
 
 @pytest.fixture(scope="module")
-def pool(ray_cluster) -> ServeToolPool:
-    cfg = pool_config(free_port())
+def pool(ray_cluster, notes_url) -> ServeToolPool:
+    cfg = pool_config(free_port(), url_server=notes_url)
     pool = deploy_pool(cfg.tools)
     yield pool
     undeploy_pool(pool)
@@ -64,8 +73,9 @@ def pool(ray_cluster) -> ServeToolPool:
 
 async def test_lists_every_server_and_namespaces_external_tools(pool):
     tools = await pool.list_tools()
-    assert set(tools) == {*BUILTINS, "notes"}
-    assert {t["name"] for t in tools["notes"]} == {"notes.echo", "notes.add", "notes.sleep", "notes.whoami"}
+    assert set(tools) == {*BUILTINS, "notes", "clock", "web"}
+    for name in ("notes", "clock", "web"):
+        assert {t["name"] for t in tools[name]} == {f"{name}.{t}" for t in ("echo", "add", "sleep", "whoami")}
     for server, items in tools.items():
         for t in items:
             assert t["inputSchema"]["type"] == "object", (server, t["name"])
@@ -145,6 +155,48 @@ async def test_external_stdio_server_through_handle(pool):
     assert r.ok and r.structured == {"sum": 42} and r.error_kind is None
     r = await pool.call_tool("notes", "echo", {"text": "héllo"})
     assert r.ok and r.text == "héllo"
+
+
+async def test_two_stdio_servers_and_a_url_server_on_serve(pool):
+    results = await asyncio.gather(
+        *(pool.call(f"{s}.add", {"a": 40, "b": i}) for i, s in enumerate(("notes", "clock", "web")))
+    )
+    assert [r.structured for r in results] == [{"sum": 40}, {"sum": 41}, {"sum": 42}]
+    for server in ("clock", "web"):
+        async with Client(pool.url(server)) as client:
+            res = await client.call_tool(f"{server}.echo", {"text": server})
+        assert res.content[0].text == server
+
+
+async def test_concurrent_episodes_on_serve_through_handles(pool):
+    await assert_episodes_isolated(pool)
+
+
+async def test_episodes_survive_a_pool_of_url_servers_pointing_at_this_pool(pool):
+    """A client of the Serve pool over MCP HTTP sends the episode in _meta and ends it with the reserved tool."""
+    cfg = load_config(
+        None,
+        [f"tools.servers.{n}.enabled=false" for n in BUILTINS]
+        + ["tools.external=" + json.dumps([{"name": "team", "url": pool.url("slack")}])],
+    )
+    remote = await LocalToolPool.create(cfg.tools)
+    try:
+
+        async def post_then_read(episode: str | None, text: str) -> list[str]:
+            await remote.call_tool("team", "post_message", {"channel": "general", "text": text}, episode_id=episode)
+            await asyncio.sleep(0.01)
+            r = await remote.call_tool("team", "read_history", {"channel": "general", "limit": 50}, episode_id=episode)
+            return [m["text"] for m in r.structured["messages"]]
+
+        a, b = await asyncio.gather(post_then_read("url-a", "a over http"), post_then_read("url-b", "b over http"))
+        assert a[0] == "a over http" and "b over http" not in a
+        assert b[0] == "b over http" and "a over http" not in b
+        await remote.end_episode("url-a")
+        again = await remote.call_tool("team", "read_history", {"channel": "general", "limit": 50}, episode_id="url-a")
+        assert "a over http" not in [m["text"] for m in again.structured["messages"]]
+        await remote.end_episode("url-b")
+    finally:
+        await remote.close()
 
 
 async def test_timeout_fires_and_is_named(pool):
@@ -227,7 +279,7 @@ async def test_bearer_token_guards_http(ray_cluster, pool, monkeypatch):
         + [
             f"tools.http.port={port}",
             "tools.http.bearer_token_env=MCPRL_TEST_TOKEN",
-            external("locked"),
+            external(stdio("locked")),
         ],
     )
     locked = deploy_pool(cfg.tools)
