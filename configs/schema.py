@@ -155,10 +155,12 @@ class ToolsConfig(Strict):
 
     @model_validator(mode="after")
     def _unique_names(self) -> ToolsConfig:
-        names = list(BuiltinServers.model_fields) + [e.name for e in self.external]
+        # A disabled built-in leaves its name free: e.g. `polygon` as a URL server reaching a pool elsewhere.
+        names = [n for n in BuiltinServers.model_fields if getattr(self.servers, n).enabled]
+        names += [e.name for e in self.external]
         dup = {n for n in names if names.count(n) > 1}
         if dup:
-            raise ValueError(f"server names must be unique; repeated: {sorted(dup)}")
+            raise ValueError(f"server names must be unique among enabled servers; repeated: {sorted(dup)}")
         return self
 
 
