@@ -9,7 +9,8 @@ Components (default weights in brackets):
 - allowed_tool [+0.2]: the call ran and its tool is allowed. Allowed = the distinct {server, tool}
   of the task's `tool_sequence` (not every tool on its servers: calling a tool the task never needs
   earns nothing). Not paid again for an exact repeat (same tool, same arguments) of an earlier call.
-- must_call_first [+0.4]: the first call of the episode that ran is `success.must_call_tool`.
+- must_call_first [+0.4]: the first call of the episode that ran is `success.must_call_tool`: that
+  tool (`server.tool`), or any tool of that server (`server`).
 - expected_next [+0.2]: the call is the next expected step of `tool_sequence` and returned ok; the
   expected step then advances. params_match [+0.1] more when every expected param is given with an
   equal value (strings compared case-insensitively, numbers by value; extra arguments allowed).
@@ -148,7 +149,8 @@ def _score_call(
     allowed = {f"{s.server}.{s.tool}" for s in gt.tool_sequence}
     if name in allowed and not repeat:
         comp["allowed_tool"] = w.allowed_tool
-    if state.calls_run == 0 and name == gt.success.must_call_tool:
+    server, _, tool = name.partition(".")  # server names hold no dots; tool names may
+    if state.calls_run == 0 and gt.must_call_matches(server, tool):
         comp["must_call_first"] = w.must_call_first
     state.calls_run += 1
     if ok and not repeat:

@@ -4,7 +4,8 @@ python -m jobs.env_check --tasks FILE [--row N] [--action TEXT] [--config ...] [
 
 The env is built from row N (default 0) with the configured servers in this process (a
 LocalToolPool, no Ray), `init()` is called, then one `step()` with the action: by default a
-plain-JSON call of the task's `must_call_tool` with no arguments, `{"tool": "server.tool",
+plain-JSON call, with no arguments, of the task's first expected tool (the one `must_call_tool`
+names, or, when it names only a server, the first step's tool): `{"tool": "server.tool",
 "arguments": {}}`. Prints reward, done, the observation keys and the reward components.
 Exit status: 0 it ran; 2 a usage error (no such file, bad row number, a row the env rejects, bad config).
 """
@@ -13,23 +14,24 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 from jobs.cli import base_parser, setup, usage_error
 from tasks.io import FORMATS, TaskFileError, read_rows
+from tasks.schema import GroundTruth
 
 
-def default_action(row: dict[str, Any]) -> str:
-    """A plain-JSON call of the row's must_call_tool, without arguments."""
-    tool = row["reward_spec"]["ground_truth"]["success"]["must_call_tool"]
-    return json.dumps({"tool": tool, "arguments": {}})
+def default_action(ground_truth: GroundTruth) -> str:
+    """A plain-JSON call, without arguments, of the first step's tool: the one must_call_tool asks for
+    (its `server.tool`, or a tool of its `server`; the model checks that the first step is it)."""
+    first = ground_truth.tool_sequence[0]
+    return json.dumps({"tool": f"{first.server}.{first.tool}", "arguments": {}})
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = base_parser(__doc__.splitlines()[0])
     parser.add_argument("--tasks", required=True, metavar="FILE", help=f"task file ({', '.join(FORMATS)})")
     parser.add_argument("--row", type=int, default=0, help="which row (0-based)")
-    parser.add_argument("--action", help="the model turn to step with (default: a call of must_call_tool)")
+    parser.add_argument("--action", help="the model turn to step with (default: a call of the first step's tool)")
     args = parser.parse_args(argv)
     cfg = setup(args)
 
@@ -55,7 +57,7 @@ def main(argv: list[str] | None = None) -> None:
         except (ValueError, KeyError, TypeError) as e:
             usage_error(f"{path}: row {args.row} cannot make an env: {e}")
         conversation, init_meta = env.init(row.get("prompt"))
-        action = args.action if args.action is not None else default_action(row)
+        action = args.action if args.action is not None else default_action(env.ground_truth)
         out = env.step(action)
         env.close()
     finally:

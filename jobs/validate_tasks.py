@@ -1,10 +1,11 @@
-"""Validate a task file: schema, tool inventory, params, duplicates, prompt lengths; print stats.
+"""Validate a task file: schema, tool inventory, params, duplicates, live writes, prompt lengths; print stats.
 
 python -m jobs.validate_tasks --in FILE [--model NAME] [--max-tokens N] [--strict] [--config ...] [--set ...]
 
 FILE is .json (a list), .jsonl or .parquet. The inventory comes from the configured servers, built
 in this process (no Ray). Prompt tokens are counted with the model's chat template and the tools of
-the servers each task uses (`envs/prompting.py`).
+the servers each task uses (`envs/prompting.py`). A task whose plan calls a writing tool (one not
+annotated `readOnlyHint`) of a server configured with `backend: live` gets a warning.
 Exit status: 0 "Validation passed"; 1 the rows have errors (or the file cannot be parsed);
 2 a usage error (no such file, unknown file type, bad config, unknown model, servers that cannot start).
 """
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     from actors.models import ModelNotFoundError, load_tokenizer
     from configs.schema import ModelConfig
     from envs.prompting import count_prompt_tokens
-    from tasks.inventory import inventory_from_listing, load_tool_listing
+    from tasks.inventory import inventory_from_listing, live_writing_tools, load_tool_listing
 
     model = args.model or cfg.model.name
     try:
@@ -72,6 +73,7 @@ def main(argv: list[str] | None = None) -> None:
         max_tokens=max_tokens,
         strict=args.strict,
         near_duplicate_threshold=cfg.generation.near_duplicate_threshold,
+        live_writes=live_writing_tools(listing, cfg.tools),
     )
     print_report(report, path, model, max_tokens)
     sys.exit(0 if report.ok else 1)

@@ -24,7 +24,7 @@ from serve_apps.tool_pool import ToolPool
 from tasks.inventory import Inventory
 from tasks.schema import TaskRow
 from tasks.similarity import near_duplicates
-from tasks.validate import PARAMS, UNKNOWN_SERVER, UNKNOWN_TOOL, RowIssue, inspect_row, task_id_of, user_text
+from tasks.validate import PARAMS, UNKNOWN_SERVER, UNKNOWN_TOOL, RowIssue, inspect_row, task_id_of
 
 # Rejection reasons, worded to follow a count: "kept 183 of 200; rejected: 9 params do not validate".
 FAILS_SCHEMA = "fail the schema"
@@ -65,33 +65,34 @@ async def admit(
 ) -> Admission:
     """The rows worth keeping, and why each of the others was turned away. Never raises for bad rows."""
     result = Admission(total=len(rows))
-    passed: list[dict[str, Any]] = []
+    passed: list[tuple[dict[str, Any], TaskRow]] = []  # the row as given (what is written) and as a TaskRow
     seen_ids: set[str] = set()
     with _quiet_tool_errors():
         for index, row in enumerate(rows):
             issues, task = inspect_row(row, index, inventory)
-            task_id = task_id_of(row)
             if issues or task is None:
-                result.rejected.append(Rejection(task_id, _reason(issues), "; ".join(str(i) for i in issues[:3])))
+                detail = "; ".join(str(i) for i in issues[:3])
+                result.rejected.append(Rejection(task_id_of(row), _reason(issues), detail))
                 continue
             if task.task_id in seen_ids:
-                result.rejected.append(Rejection(task_id, DUPLICATE, f"task_id {task.task_id!r} is already admitted"))
+                detail = f"task_id {task.task_id!r} is already admitted"
+                result.rejected.append(Rejection(task.task_id, DUPLICATE, detail))
                 continue
             failure = await replay(task, pool)
             if failure:
-                result.rejected.append(Rejection(task_id, CALL_FAILED, failure))
+                result.rejected.append(Rejection(task.task_id, CALL_FAILED, failure))
                 continue
             seen_ids.add(task.task_id)
-            passed.append(row)
+            passed.append((row, task))
 
-    texts = [user_text(row) or "" for row in passed]
+    texts = [task.user_message for _, task in passed]
     drop = {}
     for i, j, score in near_duplicates(texts, near_duplicate_threshold):
         if i not in drop and j not in drop:  # a row already dropped keeps no one else out
-            drop[j] = f"near-duplicate of {task_id_of(passed[i])!r} (similarity {score:.2f})"
-    for j, row in enumerate(passed):
+            drop[j] = f"near-duplicate of {passed[i][1].task_id!r} (similarity {score:.2f})"
+    for j, (row, task) in enumerate(passed):
         if j in drop:
-            result.rejected.append(Rejection(task_id_of(row), NEAR_DUPLICATES, drop[j]))
+            result.rejected.append(Rejection(task.task_id, NEAR_DUPLICATES, drop[j]))
         else:
             result.kept.append(row)
     return result
@@ -99,7 +100,7 @@ async def admit(
 
 async def replay(task: TaskRow, pool: ToolPool) -> str | None:
     """Run a task's tool_sequence against the pool; None when every call is ok, else what failed."""
-    for step in task.reward_spec.ground_truth.tool_sequence:
+    for step in task.ground_truth.tool_sequence:
         result = await pool.call_tool(step.server, step.tool, step.params)
         if not result.ok:
             return f"step {step.step} {step.server}.{step.tool}: {result.error_kind}: {result.error}"

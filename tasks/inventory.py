@@ -41,6 +41,25 @@ def inventory_from_listing(listing: ToolListing) -> Inventory:
     }
 
 
+def tool_writes(tool: dict[str, Any]) -> bool:
+    """Whether a listed MCP tool may change state: it does not declare `readOnlyHint: true` (the MCP default
+    is false, so a tool without annotations counts as writing)."""
+    return (tool.get("annotations") or {}).get("readOnlyHint") is not True
+
+
+def live_writing_tools(listing: ToolListing, tools_cfg: ToolsConfig) -> set[str]:
+    """`server.tool` of every writing tool on a built-in server whose backend is `live` (a real outside
+    service: its state is shared by every episode and cannot be reset). External servers have no backend
+    setting and are not counted."""
+    live = {name for name, server in tools_cfg.servers if getattr(server, "backend", None) == "live"}
+    return {
+        f"{server}.{local_name(server, t['name'])}"
+        for server in live
+        for t in listing.get(server, [])
+        if tool_writes(t)
+    }
+
+
 async def load_inventory(tools_cfg: ToolsConfig) -> Inventory:
     """{server: {tool: inputSchema}} of the configured servers, read in-process."""
     return inventory_from_listing(await load_tool_listing(tools_cfg))

@@ -3,17 +3,19 @@
 A row is checked in three layers, each issue naming the row (1-based), the task_id when there is
 one, the field path (`reward_spec.ground_truth.tool_sequence[2].params.ticker`) and what is wrong:
 
-1. the JSON Schema (`tasks/task_row.schema.json`): fields, JSON types, enums, bounds. It comes first
-   because it is stricter than the pydantic model's lax coercion ("6" is not an integer here) and
-   because its errors carry exact paths;
-2. `TaskRow`'s cross-field rules (steps in order, must_call_tool = first step, limits, turns), only
-   for rows that pass the schema;
-3. the inventory: every step names a server and tool of the pool, and its params validate against
-   that tool's input schema.
+1. the JSON Schema generated from `TaskRow` (`tasks.schema.task_row_json_schema`, the same as
+   `tasks/task_row.schema.json`): fields, JSON types, enums, bounds. It comes first because its
+   errors carry exact paths and say per keyword what is wrong ("expected integer, got string");
+2. `TaskRow` itself (strict, like the schema), which adds the cross-field rules JSON Schema cannot
+   state (steps in order, must_call_tool = first step, limits, turns); only for rows that pass 1.
+   A row that passes is a `TaskRow` from here on;
+3. the inventory, for TaskRows: every step names a server and tool of the pool, and its params
+   validate against that tool's input schema.
 
 Over all rows: duplicate task_ids (errors), near-duplicate user prompts (warnings; see
-`tasks/similarity.py`), prompt token lengths when a counter is given (over the limit: a warning),
-and stats. With `strict`, every warning is an error. Nothing here raises for bad data.
+`tasks/similarity.py`), steps that write to a live service (warnings: a live backend cannot give
+each episode its own state), prompt token lengths when a counter is given (over the limit: a
+warning), and stats. With `strict`, every warning is an error. Nothing here raises for bad data.
 """
 
 from __future__ import annotations
@@ -22,9 +24,8 @@ import functools
 import json
 import re
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from jsonschema import Draft202012Validator, ValidationError, validators
@@ -32,10 +33,10 @@ from jsonschema.exceptions import best_match
 from pydantic import ValidationError as PydanticValidationError
 
 from tasks.inventory import Inventory
-from tasks.schema import TaskRow
+from tasks.schema import SCHEMA_PATH, TaskRow, task_row_json_schema
 from tasks.similarity import near_duplicates
 
-SCHEMA_PATH = Path(__file__).with_name("task_row.schema.json")
+__all__ = ["SCHEMA_PATH"]  # re-exported: where the generated schema file lives
 GT = "reward_spec.ground_truth"
 
 # Issue kinds: what admission counts rejections by.
@@ -48,6 +49,7 @@ DUPLICATE_ID = "duplicate_task_id"
 NEAR_DUPLICATE = "near_duplicate"
 TOO_LONG = "too_long"
 TOKENS = "tokens"  # the token counter failed on a row
+LIVE_WRITE = "live_write"  # a step writes to a service on a live backend
 
 # TaskRow's cross-field messages, pointed at the field they are about (otherwise: the model's path).
 _RULE_FIELDS = (
@@ -118,8 +120,8 @@ class ValidationReport:
 
 @functools.cache
 def row_schema() -> dict[str, Any]:
-    """The task row's JSON Schema (tasks/task_row.schema.json)."""
-    return json.loads(SCHEMA_PATH.read_text())
+    """The task row's JSON Schema, generated from TaskRow (tasks/task_row.schema.json holds the same)."""
+    return task_row_json_schema()
 
 
 @functools.cache
@@ -137,20 +139,25 @@ def inspect_row(row: Any, index: int, inventory: Inventory) -> tuple[list[RowIss
     number, task_id = index + 1, task_id_of(row)
     if not isinstance(row, dict):
         return [RowIssue(number, None, "", f"expected a JSON object, got {_json_type(row)}")], None
-    described = [pair for error in _row_validator().iter_errors(row) for pair in _describe(error)]
-    # One issue per field: a bad role fails both the role's enum and the prompt's shape; the first says it.
+    # One issue per field: a bad role fails both the role's enum and the prompt's shape; the field's own
+    # keyword says it better than a cross-field rule (if/then/else, allOf), so those come last.
+    errors = sorted(_row_validator().iter_errors(row), key=_from_cross_field_rule)
+    described = [pair for error in errors for pair in _describe(error)]
     first: dict[str, str] = {}
     for path, message in described:
         first.setdefault(path, message)
     issues = [RowIssue(number, task_id, path, message) for path, message in first.items()]
-    parsed = None
-    if not issues:  # TaskRow's own errors would repeat the schema's
-        try:
-            parsed = TaskRow.model_validate(row)
-        except PydanticValidationError as e:
-            issues += [RowIssue(number, task_id, *_rule_issue(err), RULE) for err in e.errors()]
-    issues += _inventory_issues(row, number, task_id, inventory)
-    return _unique(issues), parsed
+    if issues:  # TaskRow's own errors would repeat the schema's
+        return _unique(issues), None
+    try:
+        task = TaskRow.model_validate(row)
+    except PydanticValidationError as e:
+        return _unique([RowIssue(number, task_id, *_rule_issue(err), RULE) for err in e.errors()]), None
+    return _unique(_inventory_issues(task, number, inventory)), task
+
+
+def _from_cross_field_rule(error: ValidationError) -> bool:
+    return any(part in ("then", "else", "allOf") for part in error.schema_path)
 
 
 def task_id_of(row: Any) -> str | None:
@@ -162,30 +169,12 @@ def task_id_of(row: Any) -> str | None:
     return task_id if isinstance(task_id, str) and task_id else None
 
 
-def user_text(row: Any) -> str | None:
-    """The row's last prompt message (the user's request), when it is text."""
-    try:
-        content = row["prompt"][-1]["content"]
-    except (TypeError, KeyError, IndexError):
-        return None
-    return content if isinstance(content, str) else None
-
-
-def _inventory_issues(row: dict[str, Any], number: int, task_id: str | None, inventory: Inventory) -> list[RowIssue]:
-    try:
-        steps = row["reward_spec"]["ground_truth"]["tool_sequence"]
-    except (TypeError, KeyError):
-        return []
-    if not isinstance(steps, list):
-        return []
+def _inventory_issues(task: TaskRow, number: int, inventory: Inventory) -> list[RowIssue]:
     issues = []
-    for i, step in enumerate(steps):
-        if not isinstance(step, dict):
-            continue
+    task_id = task.task_id
+    for i, step in enumerate(task.ground_truth.tool_sequence):
         at = f"{GT}.tool_sequence[{i}]"
-        server, tool, params = step.get("server"), step.get("tool"), step.get("params", {})
-        if not isinstance(server, str) or not isinstance(tool, str):
-            continue  # the schema reported it
+        server, tool, params = step.server, step.tool, step.params
         if server not in inventory:
             known = ", ".join(sorted(inventory)) or "none"
             message = f"unknown server {server!r} (the pool has: {known})"
@@ -197,8 +186,6 @@ def _inventory_issues(row: dict[str, Any], number: int, task_id: str | None, inv
             message = f"{server} has no tool {tool!r} (its tools: {known})"
             issues.append(RowIssue(number, task_id, f"{at}.tool", message, UNKNOWN_TOOL))
             continue
-        if not isinstance(params, dict):
-            continue  # the schema reported it
         try:
             errors = list(_params_validator(json.dumps(tools[tool], sort_keys=True)).iter_errors(params))
         except Exception as e:  # a broken input schema is the server's fault: reported, not raised
@@ -332,8 +319,13 @@ def validate_rows(
     max_tokens: int | None = None,
     strict: bool = False,
     near_duplicate_threshold: float = 0.9,
+    live_writes: Collection[str] = (),
 ) -> ValidationReport:
-    """Check every row and the set as a whole; see the module docstring. Never raises for bad data."""
+    """Check every row and the set as a whole; see the module docstring. Never raises for bad data.
+
+    live_writes: the `server.tool` names that write to a live service (`tasks.inventory.live_writing_tools`);
+    a task whose plan calls one gets a warning.
+    """
     report = ValidationReport(rows=len(rows))
     parsed: dict[int, TaskRow] = {}  # row number -> TaskRow
     for index, row in enumerate(rows):
@@ -345,13 +337,15 @@ def validate_rows(
     for issue in duplicate_id_issues(rows, report.duplicate_task_ids):
         report.errors.append(issue)
 
-    texts = {i + 1: t for i, row in enumerate(rows) if (t := user_text(row)) is not None}
-    numbers = list(texts)
-    for a, b, score in near_duplicates(list(texts.values()), near_duplicate_threshold):
+    numbers = list(parsed)
+    for a, b, score in near_duplicates([t.user_message for t in parsed.values()], near_duplicate_threshold):
         row_a, row_b = numbers[a], numbers[b]
         report.near_duplicates.append((row_a, row_b, score))
         message = f"near-duplicate of row {row_a} (similarity {score:.2f})"
-        report.warnings.append(RowIssue(row_b, task_id_of(rows[row_b - 1]), "prompt", message, NEAR_DUPLICATE))
+        report.warnings.append(RowIssue(row_b, parsed[row_b].task_id, "prompt", message, NEAR_DUPLICATE))
+
+    for number, task in parsed.items():
+        report.warnings += live_write_issues(task, number, live_writes)
 
     if count_tokens is not None:
         for number, task in parsed.items():
@@ -372,6 +366,22 @@ def validate_rows(
     report.warnings.sort(key=lambda i: i.row)
     report.stats = compute_stats(len(rows), parsed, inventory, report.token_counts)
     return report
+
+
+def live_write_issues(task: TaskRow, number: int, live_writes: Collection[str]) -> list[RowIssue]:
+    """A warning for each distinct tool of the task's plan that writes to a live service: a live backend
+    cannot start each episode from the same state or keep episodes apart, and the writes are real."""
+    issues, seen = [], set()
+    for i, step in enumerate(task.ground_truth.tool_sequence):
+        name = f"{step.server}.{step.tool}"
+        if name in live_writes and name not in seen:
+            seen.add(name)
+            message = (
+                f"{name} writes to the live {step.server} service: episodes share its real state and cannot be "
+                f"isolated (use the offline backend for training)"
+            )
+            issues.append(RowIssue(number, task.task_id, f"{GT}.tool_sequence[{i}]", message, LIVE_WRITE))
+    return issues
 
 
 def duplicate_id_issues(rows: list[Any], found: dict[str, list[int]] | None = None) -> list[RowIssue]:

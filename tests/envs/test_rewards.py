@@ -223,3 +223,57 @@ def test_deterministic():
         a = _turn_total(*_random_events(seed))
         b = _turn_total(*_random_events(seed))
         assert a == b
+
+
+# --------------------------------------------------------------------------- must_call_tool: a server
+
+
+SERVER_GT = GT.model_copy(update={"success": GT.success.model_copy(update={"must_call_tool": "polygon"})})
+
+
+@pytest.mark.parametrize("tool", ["previous_close", "ticker_details", "daily_aggregates"])
+def test_server_only_must_call_pays_for_any_tool_of_that_server(tool):
+    r, _ = score(call(f"polygon.{tool}", ticker="NVDA"), Result(), gt=SERVER_GT)
+    assert r["components"]["must_call_first"] == 0.4
+    r, _ = score(call(f"polygon.{tool}", ticker="NVDA"), Result(), gt=GT)  # the tool form: only that tool
+    assert r["components"]["must_call_first"] == (0.4 if tool == "previous_close" else 0)
+
+
+def test_server_only_must_call_not_for_another_server_nor_a_later_call():
+    r, state = score(call("python.run_python", code="print(1)"), Result(), gt=SERVER_GT)
+    assert r["components"]["must_call_first"] == 0 and r["components"]["allowed_tool"] == 0.2
+    r, _ = score(call("polygon.ticker_details", ticker="NVDA"), Result(), state, gt=SERVER_GT)
+    assert r["components"]["must_call_first"] == 0  # only the first call that ran counts
+    r, _ = score(call("polygonx.previous_close", ticker="NVDA"), Result(), gt=SERVER_GT)  # a prefix is no match
+    assert r["components"]["must_call_first"] == 0
+
+
+def test_server_only_must_call_in_mcp_tool_env():
+    """MCPToolEnv's heuristic on a server-only row, against the real polygon server in process."""
+    from configs.schema import ToolsConfig
+    from envs.mcp_tool_env import MCPToolEnv, run_sync
+    from envs.parsing import format_tool_call
+    from envs.tool_client import set_tool_client
+    from serve_apps.tool_pool import LocalToolPool
+
+    tools = ToolsConfig.model_validate({"servers": {"tavily": {"enabled": False}, "slack": {"enabled": False}}})
+    row = {
+        "data_source": "mcprl/test",
+        "prompt": [{"role": "user", "content": "What was NVDA's last close?"}],
+        "reward_spec": {"ground_truth": SERVER_GT.model_dump()},
+    }
+    pool = run_sync(LocalToolPool.create(tools))
+    set_tool_client(pool)
+    try:
+        rewards = {}
+        for name in ("polygon.ticker_details", "fmp.company_profile"):
+            env = MCPToolEnv({}, row)
+            env.init(row["prompt"])
+            args = {"ticker": "NVDA"} if name.startswith("polygon") else {"symbol": "NVDA"}
+            out = env.step(format_tool_call(name, args))
+            assert [c["ok"] for c in out["metadata"]["calls"]] == [True], out["metadata"]
+            rewards[name] = out["metadata"]["reward_components"]["must_call_first"]
+    finally:
+        set_tool_client(None)
+        run_sync(pool.close())
+    assert rewards == {"polygon.ticker_details": 0.4, "fmp.company_profile": 0.0}

@@ -218,3 +218,16 @@ def test_write_refuses_non_objects_and_unserialisable_values(tmp_path: Path) -> 
 
 def test_task_file_error_is_a_value_error() -> None:
     assert issubclass(TaskFileError, ValueError)
+
+
+@pytest.mark.parametrize("suffix", FORMATS)
+def test_read_rows_give_what_the_strict_model_takes(tmp_path: Path, suffix: str) -> None:
+    """The IO edge hands the gate plain Python values (no numpy, no tuples): strict TaskRow accepts every row
+    read back, a server-only must_call_tool included."""
+    rows = varied_rows()
+    rows[0]["reward_spec"]["ground_truth"]["success"]["must_call_tool"] = "polygon"
+    path = tmp_path / f"tasks{suffix}"
+    write_rows(rows, path)
+    back = read_rows(path)
+    assert back[0]["reward_spec"]["ground_truth"]["success"]["must_call_tool"] == "polygon"
+    assert [TaskRow.model_validate(r) for r in back] == [TaskRow.model_validate(r) for r in rows]

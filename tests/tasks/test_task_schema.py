@@ -1,19 +1,19 @@
-"""tasks/task_row.schema.json and tasks/schema.py:TaskRow are one contract: they must agree."""
+"""tasks/schema.py:TaskRow is the one task contract; tasks/task_row.schema.json is generated from it."""
 
 from __future__ import annotations
 
 import copy
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 from jsonschema import Draft202012Validator
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from tasks import schema as model
-from tasks.schema import COMPLEXITY_CALLS, TaskRow
-from tasks.validate import SCHEMA_PATH
+from tasks.schema import COMPLEXITY_CALLS, SCHEMA_PATH, TaskRow, render_json_schema, task_row_json_schema
 
 SCHEMA = json.loads(SCHEMA_PATH.read_text())
 VALIDATOR = Draft202012Validator(SCHEMA)
@@ -109,6 +109,8 @@ VALID: dict[str, Callable[[dict], None]] = {
     "hard, 4 calls": calls(4, "hard"),
     "hard, 12 calls": calls(12, "hard"),
     "max_turns 50": setter(f"{GT}.max_turns", 50),
+    "must_call_tool a server": setter(f"{GT}.success.must_call_tool", "polygon"),
+    "tolerance an integer": setter(f"{GT}.final_answer.tolerance", 0),
     "free-form params and extra_info": lambda r: [
         gt(r)["tool_sequence"][0].update(params={"a": [1, {"b": None}], "c": 1.5}),
         r.update(extra_info={"nested": {"x": [1, 2]}, "n": None}),
@@ -147,8 +149,16 @@ INVALID: dict[str, Callable[[dict], None]] = {
     "max_turns fractional": setter(f"{GT}.max_turns", 4.5),
     "success missing": setter(f"{GT}.success", DELETE),
     "success extra key": setter(f"{GT}.success.also", "x"),
-    "must_call_tool without a dot": setter(f"{GT}.success.must_call_tool", "previous_close"),
     "must_call_tool with a space": setter(f"{GT}.success.must_call_tool", "poly gon.previous_close"),
+    "must_call_tool ending in a dot": setter(f"{GT}.success.must_call_tool", "polygon."),
+    "must_call_tool empty": setter(f"{GT}.success.must_call_tool", ""),
+    # Strict types: no coercion from strings or booleans.
+    "integer as a string": setter(f"{GT}.max_turns", "4"),
+    "integer as a boolean": setter(f"{SEQ}.0.step", True),
+    "limit as a boolean": setter(f"{GT}.limits.max_tools", True),
+    "number as a string": setter(f"{GT}.final_answer.tolerance", "0.01"),
+    "value as a boolean": setter(f"{GT}.final_answer.value", True),
+    "content as a list": setter("prompt.1.content", ["hi"]),
     "tool_sequence empty": setter(f"{GT}.tool_sequence", []),
     "tool_sequence not a list": setter(f"{GT}.tool_sequence", {}),
     "step missing": setter(f"{SEQ}.1.step", DELETE),
@@ -182,19 +192,16 @@ CODE_ONLY: dict[str, tuple[Callable[[dict], None], str]] = {
     "steps out of order": (setter(f"{SEQ}.0.step", 2), "1, 2, ... in order"),
     "must_call_tool is not the first step": (
         setter(f"{GT}.success.must_call_tool", "slack.post_message"),
-        "first step",
+        "first step's server.tool 'polygon.previous_close' or its server 'polygon'",
+    ),
+    "must_call_tool is another server": (setter(f"{GT}.success.must_call_tool", "slack"), "first step's server"),
+    "must_call_tool is a bare tool name": (
+        setter(f"{GT}.success.must_call_tool", "previous_close"),
+        "first step's server",
     ),
     "more servers than max_servers": (setter(f"{GT}.limits.max_servers", 1), "max_servers"),
     "more tools than max_tools": (setter(f"{GT}.limits.max_tools", 1), "max_tools"),
     "max_turns below the calls": (setter(f"{GT}.max_turns", 1), "max_turns"),
-}
-
-# The model's lax coercion accepts these; the JSON Schema (and so the gate, which checks it first) does not.
-LAX_IN_MODEL_ONLY: dict[str, Callable[[dict], None]] = {
-    "integer as a string": setter(f"{GT}.max_turns", "4"),
-    "integer as a boolean": setter(f"{SEQ}.0.step", True),
-    "number as a string": setter(f"{GT}.final_answer.tolerance", "0.01"),
-    "value as a boolean": setter(f"{GT}.final_answer.value", True),
 }
 
 
@@ -236,7 +243,7 @@ def test_rules_checked_in_code_are_documented(case: str) -> None:
     edit, words = CODE_ONLY[case]
     row = made(edit)
     assert VALIDATOR.is_valid(row)
-    with pytest.raises(ValidationError, match=words.replace(".", r"\.").replace("(", r"\(")):
+    with pytest.raises(ValidationError, match=re.escape(words)):
         TaskRow.model_validate(row)
     # The schema's description tells readers that the rule exists and where it is checked.
     assert "checked in code" in SCHEMA["description"]
@@ -246,7 +253,7 @@ def test_schema_description_names_every_code_rule() -> None:
     text = SCHEMA["description"]
     for phrase in (
         "1, 2, ... in order",
-        "must_call_tool is the first step",
+        "must_call_tool names the first step's server",
         "limits.max_servers",
         "limits.max_tools",
         "max_turns is at least the number of tool calls",
@@ -254,98 +261,48 @@ def test_schema_description_names_every_code_rule() -> None:
         assert phrase in text
 
 
-@pytest.mark.parametrize("case", LAX_IN_MODEL_ONLY)
-def test_lax_coercions_are_refused_by_the_schema(case: str) -> None:
-    """A documented difference: if TaskRow turns strict, these move to INVALID and the description changes."""
-    row = made(LAX_IN_MODEL_ONLY[case])
-    assert model_accepts(row)
-    assert not VALIDATOR.is_valid(row)
-    assert "lax coercions" in SCHEMA["description"]
+# --------------------------------------------------------------------------- generated, not written
 
 
-# --------------------------------------------------------------------------- structure
+def test_the_schema_file_is_generated_from_the_model() -> None:
+    """The committed file is exactly what TaskRow generates; after changing the model, regenerate it."""
+    assert SCHEMA == task_row_json_schema()
+    assert SCHEMA_PATH.read_text() == render_json_schema(), "run: python -m tasks.schema --write"
 
 
-MODELS: dict[str, type[BaseModel]] = {
-    "TaskRow": model.TaskRow,
-    "Message": model.Message,
-    "RewardSpec": model.RewardSpec,
-    "GroundTruth": model.GroundTruth,
-    "Success": model.Success,
-    "ToolStep": model.ToolStep,
-    "Limits": model.Limits,
-    "FinalAnswer": model.FinalAnswer,
-}
-CONSTRAINTS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength")
-CONSTRAINTS += ("minItems", "maxItems", "pattern")
-IGNORED = {"title", "description", "default"}  # descriptions and defaults are compared on their own
-CROSS_FIELD = {"if", "then", "else", "allOf", "prefixItems"}  # the rules that tests above cover
+def test_schema_check_command_fails_on_drift(tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    model.main(["--check"])
+    assert "up to date" in capsys.readouterr().out
+    stale = tmp_path / "task_row.schema.json"
+    stale.write_text(SCHEMA_PATH.read_text().replace('"minimum": 1', '"minimum": 2', 1))
+    monkeypatch.setattr(model, "SCHEMA_PATH", stale)
+    with pytest.raises(SystemExit, match=r"out of date.*python -m tasks\.schema --write"):
+        model.main(["--check"])
+    model.main(["--write"])
+    assert stale.read_text() == render_json_schema()
+    model.main(["--check"])
 
 
-def json_type(value: Any) -> str:
-    return {str: "string", bool: "boolean", int: "integer", float: "number", type(None): "null"}[type(value)]
+def test_a_parsed_row_dumps_to_a_row_both_accept() -> None:
+    dumped = TaskRow.model_validate(made(VALID["defaults left out"])).model_dump()
+    assert VALIDATOR.is_valid(dumped) and model_accepts(dumped)
+    assert dumped["env_class"] == "MCPToolEnv" and dumped["extra_info"] == {}
 
 
-def norm(prop: dict[str, Any], ours: bool) -> dict[str, Any]:
-    """A property schema reduced to what it accepts: types, refs, values, constraints."""
-    unknown = set(prop) - IGNORED - set(CONSTRAINTS) - {"type", "enum", "const", "$ref", "anyOf", "items"}
-    unknown -= {"additionalProperties"}
-    if ours:
-        unknown -= CROSS_FIELD
-    assert not unknown, f"keywords this test does not know: {unknown}"
-    out: dict[str, Any] = {"types": set(), "refs": set()}
-    for branch in prop.get("anyOf", [prop]):
-        if "$ref" in branch:
-            out["refs"].add(branch["$ref"].rsplit("/", 1)[-1])
-        types = branch.get("type", [])
-        out["types"] |= set(types if isinstance(types, list) else [types])
-        values = branch.get("enum", [branch["const"]] if "const" in branch else [])
-        if values:
-            out["values"] = set(values)
-            out["types"] |= {json_type(v) for v in values}
-    if "items" in prop:
-        out["items"] = norm(prop["items"], ours)
-    if "object" in out["types"]:
-        out["additionalProperties"] = prop.get("additionalProperties", True)
-    out.update({k: prop[k] for k in CONSTRAINTS if k in prop})
-    return out
+def test_integral_floats_are_integers() -> None:
+    task = TaskRow.model_validate(made(setter(f"{GT}.max_turns", 4.0)))
+    assert task.ground_truth.max_turns == 4 and type(task.ground_truth.max_turns) is int
 
 
-def pydantic_defs() -> dict[str, dict[str, Any]]:
-    generated = TaskRow.model_json_schema()
-    return {"TaskRow": generated, **generated["$defs"]}
-
-
-def ours(name: str) -> dict[str, Any]:
-    return SCHEMA if name == "TaskRow" else SCHEMA["$defs"][name]
-
-
-def test_every_model_has_a_definition() -> None:
-    assert set(pydantic_defs()) == set(MODELS) == {"TaskRow", *SCHEMA["$defs"]}
-
-
-@pytest.mark.parametrize("name", MODELS)
-def test_fields_types_enums_and_bounds_agree(name: str) -> None:
-    theirs, mine = pydantic_defs()[name], ours(name)
-    assert set(mine["properties"]) == set(theirs["properties"])
-    assert set(mine["required"]) == set(theirs.get("required", []))
-    assert mine["additionalProperties"] is theirs["additionalProperties"] is False
-    assert mine["type"] == theirs["type"] == "object"
-    for field_name, prop in theirs["properties"].items():
-        assert norm(mine["properties"][field_name], ours=True) == norm(prop, ours=False), field_name
-
-
-@pytest.mark.parametrize("name", MODELS)
-def test_defaults_and_descriptions_agree(name: str) -> None:
-    mine = ours(name)
-    for field_name, info in MODELS[name].model_fields.items():
-        prop = mine["properties"][field_name]
-        if info.is_required():
-            assert "default" not in prop, field_name
-        else:
-            assert prop["default"] == info.get_default(call_default_factory=True), field_name
-        if info.description:
-            assert prop.get("description"), f"{name}.{field_name} has a description in the model"
+def test_must_call_matches_both_forms() -> None:
+    tool_form = TaskRow.model_validate(good()).ground_truth
+    server_form = TaskRow.model_validate(made(setter(f"{GT}.success.must_call_tool", "polygon"))).ground_truth
+    assert tool_form.must_call_matches("polygon", "previous_close")
+    assert not tool_form.must_call_matches("polygon", "ticker_details")
+    assert server_form.must_call_matches("polygon", "previous_close")
+    assert server_form.must_call_matches("polygon", "ticker_details")
+    assert not server_form.must_call_matches("slack", "post_message")
+    assert not server_form.must_call_matches("polygonx", "previous_close")
 
 
 def test_complexity_rules_match_the_model() -> None:

@@ -16,7 +16,14 @@ from actors.models import load_tokenizer
 from configs.schema import ModelConfig, ToolsConfig
 from envs.prompting import TOOL_CALL_FORMAT, count_prompt_tokens, render_prompt, template_uses_tools
 from tasks import validate as v
-from tasks.inventory import inventory_from_listing, inventory_tools_for_prompt, load_inventory, load_tool_listing
+from tasks.inventory import (
+    inventory_from_listing,
+    inventory_tools_for_prompt,
+    live_writing_tools,
+    load_inventory,
+    load_tool_listing,
+    tool_writes,
+)
 from tasks.io import read_rows
 from tasks.schema import TaskRow
 from tasks.similarity import near_duplicates, shingles, similarity, words
@@ -389,3 +396,60 @@ def test_compact_schema_drops_validation_keywords_but_keeps_parameter_names() ->
         },
         "required": ["pattern"],
     }
+
+
+# --------------------------------------------------------------------------- must_call_tool: a server
+
+
+def test_a_server_only_must_call_tool_passes_the_gate(inventory: v.Inventory) -> None:
+    row = good_row()
+    row["reward_spec"]["ground_truth"]["success"]["must_call_tool"] = "polygon"
+    report = v.validate_rows([row], inventory)
+    assert report.ok and report.errors == [] and report.stats.valid_rows == 1
+    row["reward_spec"]["ground_truth"]["success"]["must_call_tool"] = "slack"  # not the first step's server
+    (issue,) = v.validate_rows([row], inventory).errors
+    assert (issue.row, issue.path, issue.kind) == (1, f"{GT}.success.must_call_tool", v.RULE)
+    assert "first step's server.tool 'polygon.previous_close' or its server 'polygon'; got 'slack'" in issue.message
+
+
+# --------------------------------------------------------------------------- live services
+
+
+@pytest.fixture(scope="module")
+def live_slack_listing() -> dict[str, list[dict[str, Any]]]:
+    """The listing with Slack on its live backend: listing calls no API, so no token or network is needed."""
+    off = {"enabled": False}
+    cfg = ToolsConfig.model_validate(
+        {"servers": {"slack": {"backend": "live"}, "polygon": {"backend": "live"}, "fmp": off, "tavily": off}}
+    )
+    return asyncio.run(load_tool_listing(cfg))
+
+
+def test_live_writing_tools_come_from_annotations_and_backends(
+    listing: dict[str, list[dict[str, Any]]], live_slack_listing: dict[str, list[dict[str, Any]]]
+) -> None:
+    live = ToolsConfig.model_validate({"servers": {"slack": {"backend": "live"}, "polygon": {"backend": "live"}}})
+    assert live_writing_tools(live_slack_listing, live) == {"slack.post_message"}  # polygon only reads
+    assert live_writing_tools(listing, ToolsConfig()) == set()  # offline backends
+    # A tool without annotations may write (MCP's default); external servers have no backend setting.
+    assert tool_writes({"name": "add"}) and not tool_writes({"name": "get", "annotations": {"readOnlyHint": True}})
+    external = {"notes": [{"name": "notes.add", "inputSchema": {"type": "object"}}]}
+    assert live_writing_tools(external, live) == set()
+
+
+def test_a_plan_that_writes_to_a_live_service_is_a_warning(
+    rows: list[dict[str, Any]], inventory: v.Inventory, live_slack_listing: dict[str, list[dict[str, Any]]]
+) -> None:
+    live = ToolsConfig.model_validate({"servers": {"slack": {"backend": "live"}}})
+    writes = live_writing_tools(live_slack_listing, live)
+    good = [rows[0], rows[22]]  # row 1 posts to Slack, row 2 (fmp) only reads
+    report = v.validate_rows(good, inventory, live_writes=writes)
+    assert report.ok
+    assert [(w.row, w.task_id, w.path, w.kind) for w in report.warnings] == [
+        (1, "gate-good-1", f"{SEQ}[1]", v.LIVE_WRITE)
+    ]
+    assert "slack.post_message writes to the live slack service" in report.warnings[0].message
+    assert str(report.warnings[0]).startswith(f"row 1 (gate-good-1): {SEQ}[1]: slack.post_message")
+    strict = v.validate_rows(good, inventory, live_writes=writes, strict=True)
+    assert [(e.row, e.kind) for e in strict.errors] == [(1, v.LIVE_WRITE)]
+    assert v.validate_rows(good, inventory).warnings == []  # offline: nothing to warn about

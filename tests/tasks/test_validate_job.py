@@ -31,6 +31,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
     (tmp / "notes.csv").write_text("a,b\n")
     invocations = {
         "good": ["--in", str(tmp / "good.parquet")],
+        "live": ["--in", str(tmp / "good.parquet"), "--set", "tools.servers.slack.backend=live"],
         "fixture": ["--in", str(FIXTURE)],
         "strict": ["--in", str(tmp / "good.parquet"), "--strict", "--max-tokens", "50"],
         "missing": ["--in", str(tmp / "missing.jsonl")],
@@ -65,6 +66,17 @@ def test_good_rows_pass(runs: dict[str, Run]) -> None:
     assert "prompt tokens (tiny-random, with tools): mean" in run.out
     assert "tool calls: fmp.key_ratios 1, polygon.previous_close 1, slack.post_message 1" in run.out
     assert "tools no task uses: fmp.company_profile" in run.out
+
+
+def test_a_plan_writing_to_a_live_service_is_warned_about(runs: dict[str, Run]) -> None:
+    run = runs["live"]
+    assert run.rc == 0, run.out
+    assert "1 warning:" in run.out and "Validation passed with 1 warnings" in run.out
+    assert (
+        "row 1 (gate-good-1): reward_spec.ground_truth.tool_sequence[1]: "
+        "slack.post_message writes to the live slack service" in run.out
+    )
+    assert "warning:" not in runs["good"].out  # the offline Slack is isolated: no warning
 
 
 def test_fixture_fails_with_row_numbers_and_paths(runs: dict[str, Run]) -> None:
