@@ -39,6 +39,10 @@ EPISODE_META = "mcprl/episode_id"
 END_EPISODE_TOOL = "mcprl.end_episode"
 
 
+class ToolPoolError(RuntimeError):
+    """A server of the pool could not be reached at all (opening its session failed); names the server."""
+
+
 class ToolPoolTimeout(TimeoutError):
     """A server did not answer a pool operation (open, list_tools, call_tool, close) in time."""
 

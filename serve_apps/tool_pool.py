@@ -51,6 +51,7 @@ from serve_apps.tool_host import (
     ToolBackend,
     ToolCallResult,
     ToolHost,
+    ToolPoolError,
     ToolPoolTimeout,
     bounded,
 )
@@ -171,10 +172,14 @@ class LocalToolPool(ToolPool):
         """Build every enabled server and open them all at once (each within its open_timeout_s)."""
         pool = cls({s.name: await make_host(s) for s in server_specs(cfg)})
         outcomes = await asyncio.gather(*(h.open() for h in pool.hosts.values()), return_exceptions=True)
-        failed = [e for e in outcomes if isinstance(e, BaseException)]
+        failed = [(name, e) for name, e in zip(pool.hosts, outcomes, strict=True) if isinstance(e, BaseException)]
         if failed:
             await pool.close()
-            raise failed[0]
+            name, error = failed[0]
+            if isinstance(error, ToolPoolTimeout):
+                raise error
+            # The transport's own errors rarely say which server or URL they came from.
+            raise ToolPoolError(f"server {name!r} could not be opened: {type(error).__name__}: {error}") from error
         return pool
 
     async def call_tool(

@@ -57,18 +57,16 @@ def serve_pool(ray_cluster):
     os.environ.pop(TOKEN_ENV, None)
 
 
-def run_harness(tmp_path: Path, env_config: dict, rows: Path, extra_env: dict | None = None) -> list[dict]:
+def harness(tmp_path: Path, env_config: dict, rows: Path, extra_env: dict | None = None) -> subprocess.CompletedProcess:
     config = tmp_path / "env_config.yaml"
     config.write_text(yaml.safe_dump(env_config))
+    cmd = [sys.executable, "-m", "tests.envs.skyrl_harness", str(config), str(rows)]
     env = {**os.environ, **(extra_env or {})}
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.envs.skyrl_harness", str(config), str(rows)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+
+
+def run_harness(tmp_path: Path, env_config: dict, rows: Path, extra_env: dict | None = None) -> list[dict]:
+    proc = harness(tmp_path, env_config, rows, extra_env)
     assert proc.returncode == 0, f"harness failed\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-6000:]}"
     return json.loads(proc.stdout.strip().splitlines()[-1])["episodes"]
 
@@ -118,7 +116,11 @@ def test_http_source_with_a_bearer_token(tmp_path, rows_file, serve_pool):
         }
     }
     check_episodes(run_harness(tmp_path, env_config, rows_file), rows_file)
-    # Without the token the pool refuses the client: every call fails as an infrastructure fault, no reward.
-    episodes = run_harness(tmp_path, env_config, rows_file, {TOKEN_ENV: "wrong-token"})
-    assert all(s["reward"] == 0.0 for ep in episodes for s in ep["steps"] if s["infra_fault"])
-    assert any(s["infra_fault"] for ep in episodes for s in ep["steps"])
+
+
+def test_http_source_with_a_wrong_token_fails_naming_the_server(tmp_path, rows_file, serve_pool):
+    env_config = {"env": {"tools": {"source": "http", "url": serve_pool.base_url, "servers": ["polygon"]}}}
+    env_config["env"]["tools"]["bearer_token_env"] = TOKEN_ENV
+    proc = harness(tmp_path, env_config, rows_file, {TOKEN_ENV: "wrong-token"})
+    assert proc.returncode != 0
+    assert "ToolPoolError: server 'polygon' could not be opened" in proc.stderr
