@@ -350,19 +350,21 @@ def test_group_judge_records_and_returns_zero(rows):
     assert [m["role"] for m in env.conversation][-3:] == ["assistant", "tool", "assistant"]
 
 
-def test_hybrid_calls_the_judge_from_astep(rows, monkeypatch):
-    from envs import judge
-
+def test_hybrid_calls_the_judge_from_astep(rows):
     seen = []
 
-    class FakeJudge:  # registered like the Serve judge would be: the env must use it
+    class FakeJudge:  # handed over as the runners hand over the Serve judge: the env must use it
         async def score(self, conversation, latest_action, ground_truth, rubric):
             seen.append((conversation[-1]["content"], latest_action, ground_truth["task_id"]))
             return {"total_reward": 0.5, "components": {}, "task_complete": False, "infra_fault": False}
 
-    monkeypatch.setattr(judge, "_registered", FakeJudge())
     row = simple_row(rows)
-    env = make(row, reward={"backend": "hybrid", "hybrid_judge_weight": 0.25})
+    env = skyrl_gym.make(
+        "MCPToolEnv",
+        env_config={"reward": {"backend": "hybrid", "hybrid_judge_weight": 0.25}},
+        extras=row,
+        judge=FakeJudge(),
+    )
     env.init(row["prompt"])
     out = env.step(expert_actions(row)[0])
     assert out["reward"] == pytest.approx(0.75 * 1.0 + 0.25 * 0.5)
