@@ -138,7 +138,8 @@ def test_render_prompt_is_what_an_episode_renders(smol, chatml, client):
 def test_each_template_teaches_its_own_call_syntax(smol, chatml):
     args = {"ticker": "NVDA", "limit": 2}
     qwen = template_tool_call(chatml, "polygon.previous_close", args)
-    assert qwen == '<tool_call>\n{"name": "polygon.previous_close", "arguments": {"ticker": "NVDA", "limit": 2}}\n</tool_call>'
+    call = '{"name": "polygon.previous_close", "arguments": {"ticker": "NVDA", "limit": 2}}'
+    assert qwen == f"<tool_call>\n{call}\n</tool_call>"
     llama = template_tool_call(with_template(smol, LLAMA3_STYLE), "polygon.previous_close", args)
     assert llama == '{"name": "polygon.previous_close", "parameters": {"ticker": "NVDA", "limit": 2}}'
     # SmolLM2's template ignores tool_calls: our Hermes form, the one its tool block teaches.
