@@ -3,6 +3,11 @@
 One episode: `env.ainit` → prompt ids from the chat template → generate → decode → `env.astep`
 → observation ids → generate … until the env says done, `max_turns`, or `max_total_tokens`.
 
+Tools are shown as the chat template wants them (`envs.prompting`): a template that renders `tools`
+gets the episode's definitions as `tools=` in every rendering (prompt and observation deltas alike),
+with the env's `tool_prompt` set to "template"; any other gets the env's tool block in the system
+message.
+
 Token exactness (see actors/trajectory.py for the layout):
 - Generated ids are the engine's, never retokenized; the env reads their decoded text.
 - After a turn the sequence must end right after the assistant's end-of-turn token (the template's
@@ -49,12 +54,15 @@ from typing import Any
 
 from actors.engine_api import EngineError, Generation
 from actors.trajectory import Trajectory
-from configs.schema import Config, SamplingConfig
+from configs.schema import Config, EnvConfig, SamplingConfig
+from envs import prompting
 from envs.mcp_tool_env import MCPToolEnv
+from envs.prompting import ToolPrompt, tool_prompt_for
 
 log = logging.getLogger(__name__)
 
 _MARK = "\x00MCPRL-ASSISTANT-CONTENT\x00"  # placeholder used once to find the template's turn suffix
+Tools = Sequence[dict[str, Any]]  # tool definitions, as `MCPToolEnv.init` returns them in `tool_definitions`
 
 
 class EngineDied(RuntimeError):
@@ -69,8 +77,10 @@ class ChatTemplate:
 
     def __init__(self, tokenizer: Any) -> None:
         self.tok = tokenizer
+        # Where prompts show the tools (EnvConfig.tool_prompt): the template's `tools=` when it renders them.
+        self.tool_prompt: ToolPrompt = tool_prompt_for(tokenizer)
         probe = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _MARK}]
-        rendered = self.render(probe, add_generation_prompt=False)
+        rendered = self.render(probe, False)
         suffix = rendered[rendered.index(_MARK) + len(_MARK) :]
         eos = tokenizer.eos_token or ""
         # The end-of-turn text: the template's suffix after the content up to and including EOS
@@ -90,32 +100,34 @@ class ChatTemplate:
         special = set(getattr(tokenizer, "all_special_ids", []) or [])
         self.eot_is_special = len(self.eot_ids) == 1 and self.eot_ids[0] in special
 
-    def render(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool) -> str:
-        return self.tok.apply_chat_template(list(messages), add_generation_prompt=add_generation_prompt, tokenize=False)
+    def render(
+        self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool, tools: Tools | None = None
+    ) -> str:
+        return prompting.render(self.tok, messages, tools, add_generation_prompt=add_generation_prompt)
 
     def encode(self, text: str) -> list[int]:
-        return list(self.tok.encode(text, add_special_tokens=False))
+        return prompting.encode(self.tok, text)
 
-    def prompt_ids(self, messages: Sequence[dict[str, Any]]) -> list[int]:
-        out = self.tok.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
-        # transformers 5 returns a BatchEncoding here; older versions a plain list.
-        ids = out["input_ids"] if not isinstance(out, list) else out
-        return [int(i) for i in ids]
+    def prompt_ids(self, messages: Sequence[dict[str, Any]], tools: Tools | None = None) -> list[int]:
+        """Ids of an episode's first messages (`MCPToolEnv.init`'s) with its `tool_definitions`."""
+        return self.encode(self.render(messages, True, tools))
 
     def ends_turn(self, ids: Sequence[int]) -> bool:
         """Whether generated ids already close the assistant turn (the engine stopped on EOS)."""
         n = len(self.eot_ids)
         return bool(ids) and (ids[-1] in self.eos_ids or (n > 0 and list(ids[-n:]) == self.eot_ids))
 
-    def observation_delta(self, before: Sequence[dict[str, Any]], observations: Sequence[dict[str, Any]]) -> list[int]:
+    def observation_delta(
+        self, before: Sequence[dict[str, Any]], observations: Sequence[dict[str, Any]], tools: Tools | None = None
+    ) -> list[int]:
         """Ids after the last assistant message's end-of-turn token, through the next generation prompt.
 
-        `before` ends with that assistant message.
+        `before` ends with that assistant message; `tools`: the episode's, as given to `prompt_ids`.
         """
-        base = self.render(before, add_generation_prompt=False)
+        base = self.render(before, False, tools)
         if self.after_eot_text and base.endswith(self.after_eot_text):
             base = base[: len(base) - len(self.after_eot_text)]
-        full = self.render([*before, *observations], add_generation_prompt=True)
+        full = self.render([*before, *observations], True, tools)
         if not full.startswith(base):
             raise ValueError("chat template is not prefix-stable: the conversation renders differently once extended")
         if self.eot_is_special and base.endswith(self.eot_text):
@@ -125,6 +137,11 @@ class ChatTemplate:
             return full_ids[len(base_ids) :]
         self.delta_fallbacks += 1  # a token straddles the cut: tokenize the delta text alone
         return self.encode(full[len(base) :])
+
+
+def env_config_for(env: EnvConfig, template: ChatTemplate) -> EnvConfig:
+    """`env` with the tool_prompt this chat template needs (its own `tools=` rendering when it has one)."""
+    return env.model_copy(update={"tool_prompt": template.tool_prompt})
 
 
 # --------------------------------------------------------------------------- bookkeeping
@@ -215,6 +232,7 @@ class EpisodeRunner:
         self.tokenizer = tokenizer
         self.tool_client = tool_client
         self.judge = judge
+        self.env_cfg = env_config_for(cfg.env, self.template)
         self.max_concurrent = max_concurrent_episodes
         self.progress = sys.stderr.isatty() if progress is None else progress
         self.load = [0] * len(self.engines)  # live episodes per engine
@@ -334,12 +352,14 @@ class EpisodeRunner:
         engine = self.engines[engine_index]
         t0 = time.perf_counter()
         gen_s = env_s = wait_s = 0.0
-        env = MCPToolEnv(cfg, extras=ep.task, tool_client=self.tool_client, judge=self.judge)
-        messages, _ = await env.ainit(None)
+        env_config = {"env": self.env_cfg, "reward": cfg.reward, "tools": cfg.tools}
+        env = MCPToolEnv(env_config, extras=ep.task, tool_client=self.tool_client, judge=self.judge)
+        messages, info = await env.ainit(None)
+        tools = info["tool_definitions"]  # for the template's tools= (empty: they are in the system message)
         traj = Trajectory(task_id=ep.task_id, group_id=ep.group_id, sample_index=ep.sample_index, engine=engine_index)
         traj.messages = [dict(m) for m in messages]
-        traj.prompt_ids = self.template.prompt_ids(messages)
         tmpl = self.template
+        traj.prompt_ids = tmpl.prompt_ids(messages, tools)
         try:
             while True:
                 used = len(traj.prompt_ids) + len(traj.response_ids)
@@ -394,7 +414,8 @@ class EpisodeRunner:
                     traj.finish_reason = "max_turns" if meta.get("done_reason") == "max_turns" else "done"
                     break
                 observations = [dict(m) for m in out["observations"]]
-                if not traj.add_observations(observations, tmpl.observation_delta(traj.messages, observations), budget):
+                delta = tmpl.observation_delta(traj.messages, observations, tools)
+                if not traj.add_observations(observations, delta, budget):
                     break
         finally:
             await env.aclose()

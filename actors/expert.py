@@ -6,8 +6,11 @@ have generated, laid out token for token as the episode runner lays out a rollou
 SFT teaches is exactly what the env will parse and what GRPO then continues from.
 
 One row → one `Trajectory` (group_id = the row's index, sample_index 0):
-- `prompt_ids`: the chat template's ids of the env's first messages (`ChatTemplate.prompt_ids`).
-- per expert turn t (`envs.parsing.expert_turns`: each call in Hermes form, then `<answer>`):
+- `prompt_ids`: the chat template's ids of the env's first messages (`ChatTemplate.prompt_ids`, with
+  the env's `tool_definitions` as the runner renders them).
+- per expert turn t (`envs.parsing.expert_turns`: each call in the syntax the prompt teaches, then
+  `<answer>`: ours (Hermes) with the tool block in the system message, the template's own
+  (`envs.prompting.call_syntax`) when the chat template shows the tools):
   `encode(text_t) + eot_ids`, loss_mask 1 on all of them (the model must learn to close its turn,
   so `appended_eot` is False: the end-of-turn is "generated"), rollout_logprobs 0.0 (SFT does not
   use them; 0.0 is a valid log-probability, so `Trajectory.check` holds);
@@ -35,11 +38,12 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from actors.episode_runner import ChatTemplate, _task_id
+from actors.episode_runner import ChatTemplate, _task_id, env_config_for
 from actors.trajectory import Trajectory
 from configs.schema import Config
 from envs.mcp_tool_env import MCPToolEnv
 from envs.parsing import expert_turns
+from envs.prompting import call_syntax
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +88,12 @@ async def expert_trajectories(
     """
     check_rows(rows)
     template = ChatTemplate(tokenizer)
-    play_cfg = cfg.model_copy(update={"reward": cfg.reward.model_copy(update={"backend": "heuristic"})})
+    play_cfg = cfg.model_copy(
+        update={
+            "env": env_config_for(cfg.env, template),  # the prompt the runner will show this model
+            "reward": cfg.reward.model_copy(update={"backend": "heuristic"}),
+        }
+    )
     limit = asyncio.Semaphore(MAX_CONCURRENT_ROWS)
     skipped: dict[str, str] = {}
 
@@ -118,15 +127,16 @@ async def _play(cfg: Config, row: dict, index: int, tmpl: ChatTemplate, tool_cli
     t0 = time.perf_counter()
     env_s = 0.0
     budget = cfg.rollout.max_total_tokens
-    turns = expert_turns(row)
+    turns = expert_turns(row, call_syntax(tmpl.tok))
     try:
         env = MCPToolEnv(cfg, extras=row, tool_client=tool_client)
     except (ValueError, TypeError) as e:  # pydantic's ValidationError is a ValueError
         raise ExpertPlayError(f"the env rejects the row: {_short(e, 300)}") from e
-    messages, _ = await env.ainit(None)
+    messages, info = await env.ainit(None)
+    tools = info["tool_definitions"]
     traj = Trajectory(task_id=_task_id(row, index), group_id=index, sample_index=0)
     traj.messages = [dict(m) for m in messages]
-    traj.prompt_ids = tmpl.prompt_ids(messages)
+    traj.prompt_ids = tmpl.prompt_ids(messages, tools)
     try:
         for k, text in enumerate(turns):
             ids = tmpl.encode(text) + tmpl.eot_ids
@@ -159,7 +169,8 @@ async def _play(cfg: Config, row: dict, index: int, tmpl: ChatTemplate, tool_cli
                 traj.finish_reason = "done"
                 break
             observations = [dict(m) for m in out["observations"]]
-            if not traj.add_observations(observations, tmpl.observation_delta(traj.messages, observations), budget):
+            delta = tmpl.observation_delta(traj.messages, observations, tools)
+            if not traj.add_observations(observations, delta, budget):
                 break
         else:
             raise ExpertPlayError(f"the episode is still open after all {len(turns)} expert turns")

@@ -269,6 +269,13 @@ class EnvConfig(Strict):
         "has the target and lacks the alias (e.g. symbol→ticker for polygon, ticker→symbol is not implied).",
     )
     default_max_turns: int = Field(8, ge=1, le=50, description="Used when a task's ground truth names none.")
+    tool_prompt: Literal["system", "template"] = Field(
+        "system",
+        description="Where the prompt shows the tools. system: a tool block in the system message (for callers "
+        "that apply the chat template without tools=, e.g. SkyRL's generator); template: init leaves them out and "
+        "returns them in info['tool_definitions'] for the chat template's tools=. mcprl's runners and expert play "
+        "choose per model: template when its chat template renders tools (Qwen, Llama 3, Hermes), else system.",
+    )
 
 
 class HeuristicWeights(Strict):

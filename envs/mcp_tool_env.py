@@ -55,7 +55,7 @@ from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput, Con
 
 from configs.schema import Config, EnvConfig, RewardConfig
 from envs.parsing import MAX_TURN_CHARS, ParseError, ToolCall, ToolIndex, parse_turn, sanitize
-from envs.prompting import TOOL_CALL_FORMAT, tool_block
+from envs.prompting import TOOL_CALL_FORMAT, prompt_messages
 from envs.rewards import COMPONENTS, RewardState, clip_step, reward_heuristic, zero_components
 from envs.tool_client import ToolClient, judge_from_config, resolve_tool_client
 from tasks.inventory import ToolListing, inventory_from_listing, inventory_tools_for_prompt
@@ -192,12 +192,16 @@ class MCPToolEnv(BaseTextEnv):
     # ------------------------------------------------------------------ init
 
     def init(self, prompt: ConversationType | None = None) -> tuple[ConversationType, dict[str, Any]]:
-        """The prompt with the tool block in its system message, and {task_id, max_turns, tools}."""
+        """The prompt as the model is shown it, and {task_id, max_turns, tools, tool_definitions}.
+
+        With `env.tool_prompt` "system" the tool block is in the system message and `tool_definitions`
+        is empty; with "template" the system message says only how to answer, and the caller renders
+        with the chat template's `tools=tool_definitions` (`envs.prompting.render`). `tools`: the names.
+        """
         return run_sync(self.ainit(prompt))
 
     async def ainit(self, prompt: ConversationType | None = None) -> tuple[ConversationType, dict[str, Any]]:
         """`init` for async callers (no thread hop)."""
-        messages = [dict(m) for m in (prompt if prompt is not None else self.row_prompt)]
         tools: list[dict[str, Any]] = []
         try:
             listing, self.index = await tools_of(self.client)
@@ -205,14 +209,17 @@ class MCPToolEnv(BaseTextEnv):
             tools = inventory_tools_for_prompt(listing, servers)
         except Exception as e:  # the episode can still run; names are then checked by the pool only
             log.warning("could not list tools (%s: %s); prompt without tool definitions", type(e).__name__, e)
-        if tools:
-            block = tool_block(tools, self.env_cfg.final_answer)
-            if messages and messages[0].get("role") == "system":
-                messages[0]["content"] = f"{messages[0]['content']}\n\n{block}"
-            else:
-                messages.insert(0, {"role": "system", "content": block})
+        cfg = self.env_cfg
+        source = prompt if prompt is not None else self.row_prompt
+        messages = prompt_messages(source, tools, cfg.tool_prompt, cfg.final_answer)
         self.conversation = [dict(m) for m in messages]
-        return messages, {"task_id": self.task_id, "max_turns": self.max_turns, "tools": [t["name"] for t in tools]}
+        info = {
+            "task_id": self.task_id,
+            "max_turns": self.max_turns,
+            "tools": [t["name"] for t in tools],
+            "tool_definitions": tools if cfg.tool_prompt == "template" else [],
+        }
+        return messages, info
 
     # ------------------------------------------------------------------ step
 

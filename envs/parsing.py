@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -344,13 +344,20 @@ def _quote(name: str) -> str:
     return repr(name[:80] + ("..." if len(name) > 80 else ""))
 
 
+CallFormat = Callable[[str, dict[str, Any]], str]  # (name "server.tool", arguments) -> the call as text
+
+
 def format_tool_call(name: str, arguments: dict[str, Any]) -> str:
     """A call written the way the prompt asks for it (Hermes), which `parse_turn` reads back."""
     return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
-def expert_turns(row: Mapping[str, Any]) -> list[str]:
-    """The turns a perfect agent plays for a task row: each expected call, then the final answer."""
+def expert_turns(row: Mapping[str, Any], call_format: CallFormat = format_tool_call) -> list[str]:
+    """The turns a perfect agent plays for a task row: each expected call, then the final answer.
+
+    `call_format(name, arguments)` writes a call: ours (Hermes) by default, or the chat template's own
+    syntax (`envs.prompting.template_tool_call`) when the template shows the tools.
+    """
     gt = row["reward_spec"]["ground_truth"]
-    calls = [format_tool_call(f"{s['server']}.{s['tool']}", s["params"]) for s in gt["tool_sequence"]]
+    calls = [call_format(f"{s['server']}.{s['tool']}", s["params"]) for s in gt["tool_sequence"]]
     return [*calls, f"<answer>{(gt.get('final_answer') or {}).get('value', '')}</answer>"]

@@ -1,28 +1,41 @@
 """The prompt a model sees: the conversation in its chat template, with the tool definitions where the
-model expects them.
+model expects them. The one renderer of the env's first messages, the runners' prompt and observation
+ids, the expert play and the token count of the gate and preflight.
 
-- A template that renders the `tools` argument (Qwen, Llama 3, ...) gets the tools through it, in
-  the usual function-schema form. Whether it does is found by rendering a probe conversation with
-  and without a probe tool and comparing (cached per template).
-- A template that ignores `tools` (SmolLM2's) gets a tool block appended to the system message, or
-  a system message holding only that block when the conversation has none: a short instruction,
-  one JSON line per tool (name, description, parameters) and the call format
-  `<tool_call>{"name": "server.tool", "arguments": {...}}</tool_call>`.
+Where the tools go (`EnvConfig.tool_prompt`, chosen per tokenizer by `tool_prompt_for`):
 
+- "template": a chat template that renders its `tools` argument (Qwen2.5/Qwen3, Llama 3.x, Hermes,
+  ...) gets them through it, in the usual function-schema form, and the model calls tools in the
+  template's own syntax (`template_tool_call`). Whether a template renders `tools` is found by
+  rendering a probe conversation with and without a probe tool and comparing (cached per template).
+  The system message then says only how to give the final answer (`answer_instruction`).
+- "system": a template that ignores `tools` (SmolLM2's) gets a tool block appended to the system
+  message, or a system message holding only that block when the conversation has none: a short
+  instruction, one JSON line per tool (name, description, parameters) and the call format
+  `<tool_call>{"name": "server.tool", "arguments": {...}}</tool_call>`. This is also what a trainer
+  that applies the chat template itself without `tools=` needs (SkyRL's generator).
+
+Every rendering of one episode passes the same `tools=` (`render`), so a longer conversation renders
+as an extension of a shorter one and the observation deltas stay token-exact.
 The prompt ends with the generation prompt (the assistant turn's header): the model writes next.
 """
 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from functools import partial
+from typing import TYPE_CHECKING, Any, Literal
 
+from envs.parsing import CallFormat, ToolIndex, format_tool_call, parse_turn
 from tasks.inventory import ToolListing, inventory_tools_for_prompt
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from tasks.schema import TaskRow
+
+ToolPrompt = Literal["system", "template"]
 
 TOOL_CALL_FORMAT = '<tool_call>{"name": "server.tool", "arguments": {...}}</tool_call>'
 TOOL_INSTRUCTION = (
@@ -43,8 +56,8 @@ def template_uses_tools(tokenizer: PreTrainedTokenizerBase) -> bool:
     """Whether the tokenizer's chat template renders its `tools` argument."""
     key = str(tokenizer.chat_template)
     if key not in _uses_tools:
-        without = _apply(tokenizer, _PROBE_MESSAGES, None)
-        with_tool = _apply(tokenizer, _PROBE_MESSAGES, [_as_function(_PROBE_TOOL)])
+        without = render(tokenizer, _PROBE_MESSAGES)
+        with_tool = render(tokenizer, _PROBE_MESSAGES, [_PROBE_TOOL])
         _uses_tools[key] = with_tool != without
     return _uses_tools[key]
 
@@ -83,45 +96,134 @@ def tool_block(tools: list[dict[str, Any]], final_answer: str = "tag") -> str:
     return "\n".join([TOOL_INSTRUCTION.replace("{answer_format}", ANSWER_FORMATS[final_answer]), *lines])
 
 
-def render_prompt(
-    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+def tool_prompt_for(tokenizer: PreTrainedTokenizerBase) -> ToolPrompt:
+    """Where this tokenizer's prompts carry the tools: its chat template if it renders `tools`, else our block."""
+    return "template" if template_uses_tools(tokenizer) else "system"
+
+
+def answer_instruction(final_answer: str = "tag") -> str:
+    """How to end an episode, for prompts whose tools (and call syntax) the chat template presents."""
+    return f"When you have what you need, give the final answer {ANSWER_FORMATS[final_answer]}."
+
+
+def prompt_messages(
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]],
+    tool_prompt: ToolPrompt = "system",
+    final_answer: str = "tag",
+) -> list[dict[str, Any]]:
+    """Copies of an episode's first messages with what the system message must add.
+
+    "system": the tool block; "template": only the final-answer instruction (the template renders
+    the tools, given to `render` as `tools=`). No tools: the messages unchanged.
+    """
+    out = [dict(m) for m in messages]
+    if not tools:
+        return out
+    text = tool_block(list(tools), final_answer) if tool_prompt == "system" else answer_instruction(final_answer)
+    if out and out[0].get("role") == "system":
+        out[0]["content"] = f"{out[0]['content']}\n\n{text}"
+    else:
+        out.insert(0, {"role": "system", "content": text})
+    return out
+
+
+def render(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    *,
+    add_generation_prompt: bool = True,
 ) -> str:
-    """The conversation as prompt text, ending with the generation prompt.
+    """The chat template's text of `messages`; `tools` (definitions, see `render_prompt`) go to its `tools=`.
+
+    Pass the same `tools` for every rendering of one conversation (prefix stability).
+    """
+    functions = [_as_function(t) for t in tools] if tools else None
+    return tokenizer.apply_chat_template(
+        [dict(m) for m in messages], tools=functions, tokenize=False, add_generation_prompt=add_generation_prompt
+    )
+
+
+def encode(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+    """Ids of rendered text: the template already wrote its special tokens (adding them again would
+    count a BOS twice)."""
+    return [int(i) for i in tokenizer(text, add_special_tokens=False)["input_ids"]]
+
+
+def render_prompt(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]],
+    final_answer: str = "tag",
+) -> str:
+    """A task's first prompt as the model sees it, ending with the generation prompt: what an episode
+    renders (`MCPToolEnv.init` with `tool_prompt_for(tokenizer)`, then `render`).
 
     `tools`: definitions {name ("server.tool"), description, parameters (JSON Schema)}, e.g. from
     `tasks.inventory.inventory_tools_for_prompt`; empty = no tools shown.
     """
-    if not tools:
-        return _apply(tokenizer, messages, None)
-    if template_uses_tools(tokenizer):
-        return _apply(tokenizer, messages, [_as_function(t) for t in tools])
-    block = tool_block(tools)
-    messages = [dict(m) for m in messages]
-    if messages and messages[0].get("role") == "system":
-        messages[0]["content"] = f"{messages[0]['content']}\n\n{block}"
-    else:
-        messages.insert(0, {"role": "system", "content": block})
-    return _apply(tokenizer, messages, None)
+    mode = tool_prompt_for(tokenizer) if tools else "system"
+    shown = prompt_messages(messages, tools, mode, final_answer)
+    return render(tokenizer, shown, tools if mode == "template" else None)
 
 
-def count_prompt_tokens(tokenizer: PreTrainedTokenizerBase, row: TaskRow, tools_by_server: ToolListing) -> int:
+def count_prompt_tokens(
+    tokenizer: PreTrainedTokenizerBase, row: TaskRow, tools_by_server: ToolListing, final_answer: str = "tag"
+) -> int:
     """Tokens of a task's first prompt, with the tools of the servers its tool_sequence uses.
 
     Those servers' tools (all of them, not only the expected ones) are what an episode of the task is
-    expected to show; a task whose servers are missing from `tools_by_server` is counted without them.
+    shown; a task whose servers are missing from `tools_by_server` is counted without them.
     """
     servers = {step.server for step in row.reward_spec.ground_truth.tool_sequence}
     tools = inventory_tools_for_prompt(tools_by_server, servers)
-    text = render_prompt(tokenizer, [m.model_dump() for m in row.prompt], tools)
-    # The template already wrote the special tokens as text: adding them again would count a BOS twice.
-    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return len(encode(tokenizer, render_prompt(tokenizer, [m.model_dump() for m in row.prompt], tools, final_answer)))
 
 
-def _as_function(tool: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "function", "function": {k: tool[k] for k in ("name", "description", "parameters") if k in tool}}
+def call_syntax(tokenizer: PreTrainedTokenizerBase) -> CallFormat:
+    """How a call is written in this tokenizer's prompts: the template's own syntax when it shows the
+    tools (`template_tool_call`), else ours (`envs.parsing.format_tool_call`, what the tool block teaches)."""
+    if tool_prompt_for(tokenizer) == "template":
+        return partial(template_tool_call, tokenizer)
+    return format_tool_call
 
 
-def _apply(
-    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
-) -> str:
-    return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+_MARK = "\x00MCPRL-CALL-CONTENT\x00"
+
+
+def template_tool_call(tokenizer: PreTrainedTokenizerBase, name: str, arguments: dict[str, Any]) -> str:
+    """A call written in the syntax the chat template teaches (Qwen/Hermes `<tool_call>\\n{...}\\n</tool_call>`,
+    Llama 3.x `{"name": ..., "parameters": {...}}`, ...), as the model would generate it.
+
+    Found by rendering an assistant message with `tool_calls` and cutting away what the template
+    puts around any assistant content. Falls back to our Hermes form (`format_tool_call`) when the
+    template does not render `tool_calls` or what it renders does not parse back to this call.
+    """
+    user = {"role": "user", "content": "x"}
+    call = {"type": "function", "function": {"name": name, "arguments": arguments}}
+    try:
+        around = render(tokenizer, [user, {"role": "assistant", "content": _MARK}], add_generation_prompt=False)
+        rendered = render(
+            tokenizer, [user, {"role": "assistant", "content": "", "tool_calls": [call]}], add_generation_prompt=False
+        )
+    except Exception:  # a template that rejects the message shape
+        return format_tool_call(name, arguments)
+    head, _, tail = around.partition(_MARK)
+    # Some templates write nothing (not even a newline) for empty content: cut at the common prefix.
+    same = next((i for i, (a, b) in enumerate(zip(rendered, head, strict=False)) if a != b), len(head))
+    text = rendered[same:]
+    if tail and text.endswith(tail):
+        text = text[: len(text) - len(tail)]
+    text = text.strip()
+    server, _, tool = name.partition(".")
+    parsed = parse_turn(text, ToolIndex({server: {tool: {}}}))
+    ok = [(c.name, c.arguments) for c in parsed.calls] == [(name, arguments)] and not parsed.errors
+    return text if ok else format_tool_call(name, arguments)
+
+
+def _as_function(tool: Mapping[str, Any]) -> dict[str, Any]:
+    """The OpenAI function form chat templates expect, with the schema compacted as in `tool_block`."""
+    function = {k: tool[k] for k in ("name", "description") if k in tool}
+    function["parameters"] = compact_schema(tool.get("parameters") or {"type": "object", "properties": {}})
+    return {"type": "function", "function": function}

@@ -211,20 +211,21 @@ def check_model(cfg: Config, pf: Preflight) -> None:
 
 def check_template(cfg: Config, pf: Preflight) -> None:
     """Render the first task's prompt, tokenize it, and parse the expected first call back from tokens."""
-    from envs.parsing import ToolIndex, format_tool_call, parse_turn
-    from envs.prompting import render_prompt
-    from tasks.inventory import inventory_from_listing, inventory_tools_for_prompt
+    from envs.parsing import ToolIndex, parse_turn
+    from envs.prompting import call_syntax, count_prompt_tokens, tool_prompt_for
+    from tasks.inventory import inventory_from_listing
+    from tasks.schema import TaskRow
 
     if pf.tokenizer is None or not pf.train_rows:
         pf.add("chat template", False, "skipped: needs the model and the data", "fix the checks above")
         return
     row = pf.train_rows[0]
-    step = row["reward_spec"]["ground_truth"]["tool_sequence"][0]
-    servers = {s["server"] for s in row["reward_spec"]["ground_truth"]["tool_sequence"]}
+    task = row if isinstance(row, TaskRow) else TaskRow.model_validate(row)
+    step = task.reward_spec.ground_truth.tool_sequence[0]
     try:
-        text = render_prompt(pf.tokenizer, list(row["prompt"]), inventory_tools_for_prompt(pf.listing, servers))
-        ids = pf.tokenizer(text, add_special_tokens=False)["input_ids"]
-        call = format_tool_call(f"{step['server']}.{step['tool']}", step["params"])
+        # What an episode's prompt costs, rendered as the runner renders it (envs/prompting.py).
+        n_tokens = count_prompt_tokens(pf.tokenizer, task, pf.listing, cfg.env.final_answer)
+        call = call_syntax(pf.tokenizer)(f"{step.server}.{step.tool}", step.params)
         call_ids = pf.tokenizer(call, add_special_tokens=False)["input_ids"]
         back = pf.tokenizer.decode(call_ids)
         parsed = parse_turn(
@@ -234,15 +235,16 @@ def check_template(cfg: Config, pf: Preflight) -> None:
             final_answer=cfg.env.final_answer,
         )
     except Exception as e:
-        pf.add("chat template", False, f"rendering task {row.get('extra_info', {}).get('task_id')}: {e}", "")
+        pf.add("chat template", False, f"rendering task {task.reward_spec.ground_truth.task_id}: {e}", "")
         return
     got = [(c.server, c.tool, c.arguments) for c in parsed.calls]
-    want = [(step["server"], step["tool"], step["params"])]
+    want = [(step.server, step.tool, step.params)]
+    shown = "the chat template's tools=" if tool_prompt_for(pf.tokenizer) == "template" else "a system tool block"
     ok = got == want
     pf.add(
         "chat template",
         ok,
-        f"prompt of {len(ids)} tokens; a tool call round-trips through the tokenizer"
+        f"prompt of {n_tokens} tokens (tools in {shown}); a tool call round-trips through the tokenizer"
         if ok
         else f"the call {call!r} came back as {got or parsed.errors}",
         "" if ok else "the tokenizer does not round-trip tool-call text; check the model's tokenizer",

@@ -21,10 +21,13 @@ from configs.loader import load_config
 from configs.schema import Config
 from envs.mcp_tool_env import MCPToolEnv, run_sync
 from envs.parsing import expert_turns
+from envs.prompting import template_tool_call
 from envs.tool_client import set_tool_client
 from serve_apps.tool_pool import LocalToolPool
+from tasks.inventory import inventory_tools_for_prompt
 from tasks.io import read_rows
 from tests.actors.test_runner import check_token_exact
+from tests.envs.tools_template import TOOLS_CHATML, with_template
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -134,6 +137,35 @@ def test_expert_trajectories_are_token_exact_and_parse_back(rows, tokenizer, cli
         assert all(c["ok"] for c in calls) and not any(m["parse_errors"] for m in metas)
         assert metas[-1]["answer"] == str(gt["final_answer"]["value"])
         assert metas[-1]["done_reason"] == "answer" and env.get_metrics()["reward/outcome"] > 0
+
+
+def test_a_tools_aware_template_gets_its_own_call_syntax(rows, tokenizer, client):
+    """With a template that shows the tools (Qwen-style ChatML), the expert writes calls as that template
+    does, the ids are the template's with `tools=` (observation deltas included), and the env parses them."""
+    tok = with_template(tokenizer, TOOLS_CHATML)
+    cfg = config()
+    trajs, stats = play(cfg, rows, tok)
+    assert stats["played"] == len(rows) and stats["skipped"] == 0
+    listing = run_sync(client.list_tools())
+    tmpl = ChatTemplate(tok)
+    for t, row in zip(trajs, rows, strict=True):
+        gt = row["reward_spec"]["ground_truth"]
+        t.check(max_total_tokens=cfg.rollout.max_total_tokens)
+        assert t.finish_reason == "done" and t.tool_stats["tool_ok"] == len(gt["tool_sequence"])
+        tools = inventory_tools_for_prompt(listing, {s["server"] for s in gt["tool_sequence"]})
+        check_token_exact(t, tok, as_returned(t), tools)
+        assert "# Tools" in tok.decode(t.prompt_ids) and "<tool_response>" in tok.decode(t.response_ids)
+        texts = [tok.decode(seg, skip_special_tokens=False) for seg in t.generated_segments()]
+        calls = [template_tool_call(tok, f"{s['server']}.{s['tool']}", s["params"]) for s in gt["tool_sequence"]]
+        assert texts[: len(calls)] == [c + tmpl.eot_text for c in calls]
+        assert all(c.startswith('<tool_call>\n{"name": "') for c in calls)  # not our Hermes one-liner
+        # A fresh env in the runner's mode reads the calls back.
+        env = MCPToolEnv({"env": {"tool_prompt": "template"}}, extras=row)
+        run_sync(env.ainit(None))
+        said = [tok.decode(seg, skip_special_tokens=True) for seg in t.generated_segments()]
+        metas = [run_sync(env.astep(text))["metadata"] for text in said]
+        expected = [(f"{s['server']}.{s['tool']}", s["params"]) for s in gt["tool_sequence"]]
+        assert [(c["name"], c["arguments"]) for m in metas for c in m["calls"]] == expected
 
 
 def test_broken_rows_are_skipped_and_counted(rows, tokenizer, client, caplog):

@@ -26,10 +26,14 @@ from actors.trajectory import Trajectory
 from configs.loader import load_config
 from configs.schema import Config, SamplingConfig
 from envs.mcp_tool_env import run_sync
+from envs.parsing import CallFormat, format_tool_call
 from envs.parsing import expert_turns as expert_actions
+from envs.prompting import TOOL_CALL_FORMAT, answer_instruction, call_syntax, count_prompt_tokens, render
 from envs.tool_client import set_tool_client
 from serve_apps.tool_pool import LocalToolPool
+from tasks.inventory import inventory_tools_for_prompt
 from tasks.io import read_rows
+from tests.envs.tools_template import TOOLS_CHATML, with_template
 
 ROOT = Path(__file__).resolve().parents[2]
 MARK = "\x01MCPRL-TEST-{}\x01"
@@ -92,7 +96,8 @@ class EngineDiedError(RuntimeError):
 
 
 class ScriptedEngine:
-    """Answers turn k of a task's episode with the k-th expert action, as token ids.
+    """Answers turn k of a task's episode with the k-th expert action, as token ids (calls written by
+    `call_format`: ours by default, or the syntax a tools-aware template teaches).
 
     The task is found by its user message in the decoded prompt; the turn by the number of
     assistant headers in it. `die_after`: calls after that many raise (as a dead actor would).
@@ -106,9 +111,10 @@ class ScriptedEngine:
         delay_s: float = 0.0,
         die_after: int | None = None,
         turn_log: list[int] | None = None,
+        call_format: CallFormat = format_tool_call,
     ) -> None:
         self.tok = tokenizer
-        self.scripts = [(row["prompt"][-1]["content"], expert_actions(row)) for row in rows]
+        self.scripts = [(row["prompt"][-1]["content"], expert_actions(row, call_format)) for row in rows]
         self.delay_s = delay_s
         self.die_after = die_after
         self.calls = 0
@@ -163,9 +169,12 @@ class Recording:
 # --------------------------------------------------------------------------- token exactness
 
 
-def check_token_exact(traj: Trajectory, tokenizer: Any, returned: dict[tuple[int, ...], list[list[int]]]) -> None:
-    """prompt+response == the chat template's tokens of traj.messages, with each assistant content
-    replaced by the engine's own ids; and those ids are exactly what the engine returned."""
+def check_token_exact(
+    traj: Trajectory, tokenizer: Any, returned: dict[tuple[int, ...], list[list[int]]], tools: list[dict] | None = None
+) -> None:
+    """prompt+response == the chat template's tokens of traj.messages (rendered with the episode's
+    `tools=` when the template shows them), with each assistant content replaced by the engine's own
+    ids; and those ids are exactly what the engine returned."""
     eos = tokenizer.eos_token
     msgs, k = [], 0
     for m in traj.messages:
@@ -175,7 +184,7 @@ def check_token_exact(traj: Trajectory, tokenizer: Any, returned: dict[tuple[int
         else:
             msgs.append(m)
     ends_on_assistant = traj.messages[-1]["role"] == "assistant"
-    text = tokenizer.apply_chat_template(msgs, add_generation_prompt=not ends_on_assistant, tokenize=False)
+    text = render(tokenizer, msgs, tools, add_generation_prompt=not ends_on_assistant)
     if ends_on_assistant:  # the trajectory stops right after the end-of-turn token
         assert text.endswith(eos + "\n")
         text = text[:-1]
@@ -248,6 +257,49 @@ def test_scripted_episodes_are_well_formed_and_token_exact(rows, tokenizer, clie
     s = runner.stats()
     assert s["done"] == s["episodes"] == len(trajs) and s["running"] == 0 and s["failed"] == 0
     assert s["generated_tokens"] == sum(t.num_generated for t in trajs) and s["tokens_per_s"] > 0
+
+
+@pytest.mark.parametrize("template", ["smollm2", "tools_chatml"])
+def test_the_prompt_shows_tools_as_the_template_wants(template, rows, tokenizer, client):
+    """SmolLM2's template ignores tools: our block in the system message, our call syntax. A tools-aware
+    (Qwen-style) template: its own tools section and call syntax, tool results as its <tool_response>
+    turns, still token-exact; and preflight counts exactly the runner's prompt."""
+    from jobs.preflight import Preflight, check_template
+    from tasks.schema import TaskRow
+
+    tok = tokenizer if template == "smollm2" else with_template(tokenizer, TOOLS_CHATML)
+    engine = ScriptedEngine(tok, rows, call_format=call_syntax(tok))
+    runner = EpisodeRunner(config(), [engine], tok, progress=False)
+    trajs = run(runner, rows, group_size=1)
+    listing = run_sync(client.list_tools())
+    shows_tools = template == "tools_chatml"
+    assert runner.env_cfg.tool_prompt == ("template" if shows_tools else "system")
+    for t, row in zip(trajs, rows, strict=True):
+        t.check()
+        assert t.finish_reason == "done" and not t.infra_fault
+        assert t.tool_stats["tool_ok"] == t.tool_stats["tool_calls"] == t.turns - 1 > 0  # every call parsed and ran
+        servers = {s["server"] for s in row["reward_spec"]["ground_truth"]["tool_sequence"]}
+        tools = inventory_tools_for_prompt(listing, servers)
+        check_token_exact(t, tok, engine.returned, tools if shows_tools else None)
+        prompt = tok.decode(t.prompt_ids)
+        response = tok.decode(t.response_ids)
+        system = t.messages[0]["content"]
+        first_call = tok.decode(t.generated_segments()[0])
+        if shows_tools:
+            assert "# Tools" in prompt and f'"name": "{tools[0]["name"]}"' in prompt
+            assert TOOL_CALL_FORMAT not in system and system.endswith(answer_instruction())
+            assert first_call.startswith('<tool_call>\n{"name": ')  # the template's syntax
+            assert "<|im_start|>user\n<tool_response>\n" in response
+        else:
+            assert "# Tools" not in prompt and TOOL_CALL_FORMAT in system
+            assert first_call.startswith('<tool_call>{"name": ')
+            assert "<|im_start|>tool\n" in response
+        assert count_prompt_tokens(tok, TaskRow.model_validate(row), listing) == len(t.prompt_ids)
+
+    pf = Preflight(listing=listing, train_rows=rows, tokenizer=tok)
+    check_template(config(), pf)
+    [check] = pf.checks
+    assert check.ok and check.detail.startswith(f"prompt of {len(trajs[0].prompt_ids)} tokens"), check
 
 
 def test_lockstep_and_async_give_the_same_episodes(rows, tokenizer, client):

@@ -65,6 +65,26 @@ def test_hermes_variants():
         assert t.errors == [], v
 
 
+def test_calls_in_the_syntax_tools_aware_templates_teach():
+    # What the model writes after a chat template rendered the tools (envs/prompting.py "template" mode).
+    qwen = '<tool_call>\n{"name": "polygon.previous_close", "arguments": {"ticker": "X"}}\n</tool_call>'
+    llama = '{"name": "polygon.previous_close", "parameters": {"ticker": "X"}}'
+    for text in (
+        qwen,  # Qwen2.5/Qwen3, Hermes
+        llama,  # Llama 3.x JSON
+        f"<|python_tag|>{llama}",  # Llama 3.1 when decoded with its special tokens
+        '{"type": "function", "name": "polygon.previous_close", "parameters": {"ticker": "X"}}',  # Llama 3.2/3.3
+    ):
+        t = parse(text)
+        assert [(c.name, c.arguments) for c in t.calls] == [("polygon.previous_close", {"ticker": "X"})], text
+        assert t.errors == [] and t.answer is None, text
+    two = qwen + "\n" + qwen.replace("previous_close", "ticker_details")  # Qwen's several calls, one a line
+    assert [c.name for c in parse(two).calls] == [
+        "polygon.previous_close",
+        "polygon.ticker_details",
+    ]
+
+
 def test_missing_arguments_is_empty_object():
     t = parse('<tool_call>{"name": "slack.list_channels"}</tool_call>', final_answer="tag")
     assert t.errors[0].kind == "unknown_tool"  # not in this inventory
