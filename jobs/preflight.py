@@ -154,7 +154,7 @@ def generate_data(cfg: Config) -> str:
 
 def check_data(cfg: Config, pf: Preflight) -> None:
     from tasks.dataset import DataError, load_tasks
-    from tasks.inventory import inventory_from_listing
+    from tasks.inventory import inventory_from_listing, live_writing_tools
 
     if cfg.data.generate == "rule":
         try:
@@ -165,10 +165,11 @@ def check_data(cfg: Config, pf: Preflight) -> None:
     else:
         detail = "task files"
     inventory = inventory_from_listing(pf.listing)
+    live = live_writing_tools(pf.listing, cfg.tools)
     try:
-        pf.train_rows = load_tasks(cfg.data.train, inventory, "data.train")
+        pf.train_rows = load_tasks(cfg.data.train, inventory, "data.train", live)
         if cfg.data.validation:
-            pf.validation_rows = load_tasks(cfg.data.validation, inventory, "data.validation")
+            pf.validation_rows = load_tasks(cfg.data.validation, inventory, "data.validation", live)
     except DataError as e:
         pf.add("data", False, str(e), "fix or drop the rows named (python -m jobs.validate_tasks --in FILE)")
         return

@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
     report = validate_rows(
         rows,
         inventory_from_listing(listing),
-        count_tokens=lambda task: count_prompt_tokens(tokenizer, task, listing),
+        count_tokens=lambda task: count_prompt_tokens(tokenizer, task, listing, cfg.env.final_answer),
         max_tokens=max_tokens,
         strict=args.strict,
         near_duplicate_threshold=cfg.generation.near_duplicate_threshold,

@@ -10,14 +10,18 @@ position a checkpoint needs is just the step; a resumed run sees the batches an 
 
 from __future__ import annotations
 
+import logging
 import random
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tasks.inventory import Inventory
 from tasks.io import TaskFileError, read_rows
-from tasks.validate import validate_rows
+from tasks.validate import LIVE_WRITE, validate_rows
+
+log = logging.getLogger(__name__)
 
 MAX_ISSUES_SHOWN = 10
 
@@ -26,8 +30,13 @@ class DataError(ValueError):
     """Task data that cannot be trained on; the message names the file and the rows."""
 
 
-def load_tasks(path: str | Path, inventory: Inventory, what: str = "data.train") -> list[dict[str, Any]]:
-    """The rows of `path` once they pass the gate; DataError otherwise (nothing is dropped silently)."""
+def load_tasks(
+    path: str | Path, inventory: Inventory, what: str = "data.train", live_writes: Collection[str] = ()
+) -> list[dict[str, Any]]:
+    """The rows of `path` once they pass the gate; DataError otherwise (nothing is dropped silently).
+
+    `live_writes`: tools that write to a live service (`tasks.inventory.live_writing_tools`); rows that
+    plan such a call are logged as warnings (a live service cannot keep episodes apart)."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{what}: no such task file {path}")
@@ -37,7 +46,9 @@ def load_tasks(path: str | Path, inventory: Inventory, what: str = "data.train")
         raise DataError(f"{what}: {e}") from None
     if not rows:
         raise DataError(f"{what}: {path} holds no rows")
-    report = validate_rows(rows, inventory)
+    report = validate_rows(rows, inventory, live_writes=live_writes)
+    for issue in [i for i in report.warnings if i.kind == LIVE_WRITE][:MAX_ISSUES_SHOWN]:
+        log.warning("%s: %s", what, issue)
     if report.errors:
         shown = "\n".join(f"  {issue}" for issue in report.errors[:MAX_ISSUES_SHOWN])
         more = len(report.errors) - MAX_ISSUES_SHOWN

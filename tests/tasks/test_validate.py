@@ -458,3 +458,22 @@ def test_a_plan_that_writes_to_a_live_service_is_a_warning(
     strict = v.validate_rows(good, inventory, live_writes=writes, strict=True)
     assert [(e.row, e.kind) for e in strict.errors] == [(1, v.LIVE_WRITE)]
     assert v.validate_rows(good, inventory).warnings == []  # offline: nothing to warn about
+
+
+def test_training_data_with_live_writes_loads_with_a_warning(
+    rows: list[dict[str, Any]],
+    inventory: v.Inventory,
+    live_slack_listing: dict[str, list[dict[str, Any]]],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from tasks.dataset import load_tasks
+    from tasks.io import write_rows
+
+    path = tmp_path / "train.jsonl"
+    write_rows([rows[0], rows[22]], path)
+    live = ToolsConfig.model_validate({"servers": {"slack": {"backend": "live"}}})
+    with caplog.at_level("WARNING", logger="tasks.dataset"):
+        loaded = load_tasks(path, inventory, "data.train", live_writing_tools(live_slack_listing, live))
+    assert len(loaded) == 2  # a warning, not a refusal: preflight shows it and the run may go on
+    assert "data.train: row 1 (gate-good-1)" in caplog.text and "slack.post_message writes to the live" in caplog.text
