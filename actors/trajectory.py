@@ -1,7 +1,8 @@
 """One played episode, token-exact: what the learner trains on and what the driver scores.
 
-`prompt_ids` is the chat template's rendering of the env's first messages (tools in the system
-prompt) with the generation prompt. `response_ids` interleaves, turn by turn,
+`prompt_ids` is the chat template's rendering of the env's first messages with the generation prompt
+(the tools in our system block, or through the template's `tools=`, which `messages` does not hold:
+re-rendering them for such a template needs the tool definitions again). `response_ids` interleaves, turn by turn,
 - the engine's generated ids (loss_mask 1, `rollout_logprobs` = the engine's logprobs), never
   retokenized, and
 - template tokens the model did not choose (loss_mask 0, logprob 0.0): the end-of-turn token when

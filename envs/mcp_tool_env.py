@@ -14,8 +14,12 @@ env_config=..., extras=row)` once `envs` is imported):
 - Each env is one episode with its own id: its tool calls carry it, so stateful servers (the offline
   Slack, externals marked stateful) keep state per episode, dropped by `close()`.
 
-One episode: `init(prompt)` returns the prompt with the tool definitions (the servers of the task's
-tool_sequence) rendered in the system message, then `step(action)`/`astep(action)` per model turn:
+One episode: `init(prompt)` returns the prompt and {task_id, max_turns, tools, tool_definitions}. The
+tool definitions (the servers of the task's tool_sequence) are shown as `env.tool_prompt` says:
+`system` puts our tool block in the system message (what a trainer that renders the messages without
+`tools=` needs, SkyRL's included); `template` leaves them to the caller, who passes
+`tool_definitions` as the chat template's `tools=` (mcprl's runners pick this for templates that
+render tools, see envs/prompting.py). Then `step(action)`/`astep(action)` per model turn:
 parse → run each call (at most `max_calls_per_turn`) → one observation message per tool result or
 parse error (role `observation_role`, each cut at `max_observation_chars` with a note) → reward.
 
