@@ -247,9 +247,9 @@ def _from_hf(name: str, weights: bool) -> Path:
             f"HF_HUB_OFFLINE is set: unset it to download the model, or put it into that cache. {_choices()}"
         )
     # One download per node: processes that share the cache (actors, the driver) wait for the first.
-    cache = Path(constants.HF_HUB_CACHE)
-    cache.mkdir(parents=True, exist_ok=True)
-    with _file_lock(cache / f".mcprl-{name.replace('/', '--')}.lock"):
+    locks = Path(constants.HF_HUB_CACHE) / ".locks"  # where the HF cache keeps its own locks (scans skip it)
+    locks.mkdir(parents=True, exist_ok=True)
+    with _file_lock(locks / f"mcprl-models--{name.replace('/', '--')}.lock"):
         folder = _cached_snapshot(name, weights)
         if folder is None:
             folder = _download(name, weights)
