@@ -7,6 +7,10 @@ STAMP := $(VENV)/.installed
 
 .PHONY: install demo demo-tools test lint bench sandbox clean
 
+# These targets never reach the Hugging Face Hub: their models are built-ins or already cached.
+# (mcprl itself downloads an HF id when online; `HF_HUB_OFFLINE=0 make ...` lets these do so too.)
+demo demo-tools test bench: export HF_HUB_OFFLINE ?= 1
+
 install: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile

@@ -3,7 +3,9 @@
 A name is one of
 - a built-in (`BUILTIN_MODELS`), built once per cache into `<cache>/models/<name>`;
 - an existing local folder holding `config.json`;
-- a Hugging Face id that is already in the local HF cache. Nothing is ever downloaded.
+- a Hugging Face id: taken from this node's HF cache, else downloaded from the Hub into it (once
+  per node: concurrent processes wait for one download). Offline mode is only what the user sets
+  (`HF_HUB_OFFLINE=1`, as `make test`/`make demo` do): then the id must be in the cache already.
 
 Built-ins:
 - `smollm2-135m-instruct`: SmolLM2-135M-Instruct, converted from the GGUF (Q4_1) that the PyPI
@@ -28,16 +30,14 @@ import json
 import logging
 import os
 import shutil
+import socket
+import sys
 import tempfile
 import uuid
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
-
-# Model names resolve from local files only; this keeps transformers/huggingface_hub from trying
-# the network for anything they would otherwise look up (an explicit user setting wins).
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 if TYPE_CHECKING:
     import torch
@@ -70,9 +70,15 @@ _TINY = {
 _TINY_SEED = 0
 _TINY_INIT_STD = 0.02
 
+# What an HF id's snapshot needs: config, tokenizer and chat template, then the weights (safetensors;
+# `.bin` only for repositories without them). Other formats (onnx, gguf, original/...) stay on the Hub.
+_HF_CONFIG_FILES = ["*.json", "*.txt", "*.model", "*.jinja", "*.tiktoken"]
+_HF_WEIGHTS = ("*.safetensors", "*.bin")
+
 
 class ModelNotFoundError(ValueError):
-    """A model name that is neither a built-in, a local folder, nor in the local HF cache."""
+    """A model name that resolves to no usable folder: not a built-in, not a local folder, and an HF id
+    that is neither in this node's cache nor downloadable."""
 
 
 # --------------------------------------------------------------------------- public API
@@ -83,8 +89,10 @@ def default_cache_dir(cache_dir: str = "") -> Path:
     return Path(cache_dir or os.environ.get("MCPRL_CACHE") or "~/.cache/mcprl").expanduser()
 
 
-def resolve_model(name: str, cache_dir: str = "") -> Path:
-    """A local folder with config.json, weights and tokenizer for `name`; built-ins are built once."""
+def resolve_model(name: str, cache_dir: str = "", weights: bool = True) -> Path:
+    """A local folder with config.json and tokenizer for `name` (and its weights unless `weights` is
+    False: the driver needs only the config and tokenizer). Built-ins are built once per cache; an HF id
+    comes from this node's HF cache, or is downloaded into it."""
     if name in BUILTIN_MODELS:
         return ensure_built(name, default_cache_dir(cache_dir))[0]
     folder = Path(name).expanduser()
@@ -92,20 +100,26 @@ def resolve_model(name: str, cache_dir: str = "") -> Path:
         if not (folder / "config.json").is_file():
             raise ModelNotFoundError(f"model folder {str(folder)!r} has no config.json. {_choices()}")
         return folder.resolve()
-    cached = _from_hf_cache(name)
-    if cached is not None:
-        return cached
-    raise ModelNotFoundError(
-        f"model {name!r} is not a built-in, not a local folder, and not in the local Hugging Face "
-        f"cache; nothing can be downloaded here. {_choices()}"
-    )
+    return _from_hf(name, weights)
+
+
+def node_description() -> str:
+    """This machine as an error names it: the hostname, and the Ray node id inside Ray."""
+    host = socket.gethostname()
+    ray = sys.modules.get("ray")  # only if already imported: asking must not start Ray
+    if ray is not None and ray.is_initialized():
+        with contextlib.suppress(Exception):
+            return f"{host} (Ray node {ray.get_runtime_context().get_node_id()})"
+    return host
 
 
 def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
     """The model's tokenizer (with its chat template)."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(resolve_model(cfg.name, cfg.cache_dir), local_files_only=True)
+    # The folder is complete (resolve_model fetched what was missing): loading it needs no network.
+    folder = resolve_model(cfg.name, cfg.cache_dir, weights=False)
+    return AutoTokenizer.from_pretrained(folder, local_files_only=True)
 
 
 def load_causal_lm(cfg: ModelConfig, device: str | torch.device = "cpu") -> PreTrainedModel:
@@ -209,15 +223,71 @@ def _file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _from_hf_cache(name: str) -> Path | None:
-    """The snapshot folder of an HF id in the local cache, or None."""
+def _has_weights(folder: Path) -> bool:
+    return any(next(folder.glob(pattern), None) is not None for pattern in _HF_WEIGHTS)
+
+
+def _from_hf(name: str, weights: bool) -> Path:
+    """An HF id's snapshot folder: from this node's cache, else downloaded (unless HF_HUB_OFFLINE)."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        raise ModelNotFoundError(
+            f"model {name!r} is not a built-in, not a local folder, and not a Hugging Face id. {_choices()}"
+        ) from None
+    folder = _cached_snapshot(name, weights)
+    if folder is not None:
+        return folder
+    if constants.is_offline_mode():
+        raise ModelNotFoundError(
+            f"model {name!r} is not in the HF cache of node {node_description()} ({constants.HF_HUB_CACHE}) and "
+            f"HF_HUB_OFFLINE is set: unset it to download the model, or put it into that cache. {_choices()}"
+        )
+    # One download per node: processes that share the cache (actors, the driver) wait for the first.
+    locks = Path(constants.HF_HUB_CACHE) / ".locks"  # where the HF cache keeps its own locks (scans skip it)
+    locks.mkdir(parents=True, exist_ok=True)
+    with _file_lock(locks / f"mcprl-models--{name.replace('/', '--')}.lock"):
+        folder = _cached_snapshot(name, weights)
+        if folder is None:
+            folder = _download(name, weights)
+    if not (folder / "config.json").is_file():
+        raise ModelNotFoundError(f"model {name!r} on the Hub has no config.json: not a transformers model")
+    if weights and not _has_weights(folder):
+        raise ModelNotFoundError(f"model {name!r} on the Hub has no weights ({', '.join(_HF_WEIGHTS)})")
+    return folder
+
+
+def _cached_snapshot(name: str, weights: bool) -> Path | None:
+    """The cached snapshot of an HF id if it holds what is needed (config.json, and weights), else None."""
     from huggingface_hub import snapshot_download
 
     try:
         folder = Path(snapshot_download(repo_id=name, local_files_only=True))
-    except Exception:  # not cached, or not even a valid repo id
+    except Exception:  # not cached, or only partly
         return None
-    return folder if (folder / "config.json").is_file() else None
+    complete = (folder / "config.json").is_file() and (not weights or _has_weights(folder))
+    return folder if complete else None
+
+
+def _download(name: str, weights: bool) -> Path:
+    from huggingface_hub import constants, snapshot_download
+
+    log.info("downloading model %r from %s into %s", name, constants.ENDPOINT, constants.HF_HUB_CACHE)
+    try:
+        wanted = [*_HF_CONFIG_FILES, "*.safetensors"] if weights else _HF_CONFIG_FILES
+        folder = Path(snapshot_download(repo_id=name, allow_patterns=wanted))
+        if weights and not _has_weights(folder):  # an older repository with .bin weights only
+            folder = Path(snapshot_download(repo_id=name, allow_patterns=[*_HF_CONFIG_FILES, "*.bin"]))
+    except Exception as e:
+        reason = f"{type(e).__name__}: {e}".strip().replace("\n", " ")
+        raise ModelNotFoundError(
+            f"model {name!r} could not be downloaded from the Hub ({constants.ENDPOINT}) on node "
+            f"{node_description()}: {reason}"
+        ) from e
+    return folder
 
 
 def _cached_hf_models() -> list[str]:

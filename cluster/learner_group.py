@@ -9,6 +9,10 @@
 - Exports are collectives: every rank runs them; rank 0's result lives in the object store once (the
   actor's return value, or one object per weight chunk through a streaming generator), and the driver
   hands out only references to it.
+- Names: every actor of a run is named for the dashboard, `mcprl:<run_name>:<role>-<index>` (`actor_name`;
+  roles engine, runner, learner). The actors stay non-detached (they die with the driver), and a name is
+  unique within a Ray namespace: a second live run with the same run_name in the same namespace fails to
+  start, with an error naming the actor (`start_named`), instead of sharing or replacing the first's.
 """
 
 from __future__ import annotations
@@ -25,6 +29,27 @@ log = logging.getLogger(__name__)
 
 _PLACEMENT_TIMEOUT_S = 900.0  # GPU nodes of an autoscaling cluster take minutes to join
 _PLACEMENT_LOG_S = 30.0
+
+
+def actor_name(run_name: str, role: str, index: int) -> str:
+    """The name the Ray dashboard shows for a run's actor: `mcprl:<run_name>:<role>-<index>`."""
+    return f"mcprl:{run_name}:{role}-{index}"
+
+
+def start_named(actor_class: Any, name: str, options: dict[str, Any], *args: Any) -> Any:
+    """`actor_class.options(name=name, **options).remote(*args)`, failing with a clear error when another live
+    actor holds the name in this Ray namespace (another run with the same run_name)."""
+    import ray
+    from ray.exceptions import ActorAlreadyExistsError
+
+    try:
+        return actor_class.options(name=name, **options).remote(*args)
+    except ActorAlreadyExistsError:
+        namespace = ray.get_runtime_context().namespace
+        raise RuntimeError(
+            f"Ray actor name {name!r} is taken in namespace {namespace!r}: another run with this run_name is "
+            "live there. Stop it, or give this run another run_name (or cluster.namespace)"
+        ) from None
 
 
 class LearnerGroup:
@@ -82,14 +107,14 @@ class LearnerGroup:
             addr, port = ray.get(find.remote())
         remote = remote_class(Learner)
         try:
-            self.actors = [
-                remote.options(
-                    num_cpus=ln.num_cpus_per_worker,
-                    num_gpus=ln.num_gpus_per_worker,
-                    scheduling_strategy=strategy(i),
-                ).remote(self.cfg, i, n, addr, port)
-                for i in range(n)
-            ]
+            for i in range(n):  # one at a time: a failed start kills those already started
+                options = {
+                    "num_cpus": ln.num_cpus_per_worker,
+                    "num_gpus": ln.num_gpus_per_worker,
+                    "scheduling_strategy": strategy(i),
+                }
+                name = actor_name(self.cfg.run_name, "learner", i)
+                self.actors.append(start_named(remote, name, options, self.cfg, i, n, addr, port))
             infos = ray.get([a.setup.remote() for a in self.actors])
         except Exception:
             self.shutdown()

@@ -45,6 +45,7 @@ from typing import Any
 
 from actors.engine_api import EngineError, EngineUnavailable, Generation
 from actors.trajectory import Trajectory
+from cluster.learner_group import actor_name, start_named
 from cluster.ray_env import remote_class
 from configs.schema import Config, SamplingConfig
 
@@ -261,11 +262,15 @@ class RolloutGroup:
                     f"pass {hint} ({type(e).__name__}: {e})"
                 ) from e
         r = self.cfg.rollout
-        engine_actor = remote_class(EngineHost).options(
-            num_cpus=r.num_cpus_per_engine, num_gpus=r.num_gpus_per_engine, max_concurrency=ENGINE_MAX_CONCURRENCY
-        )
-        self.engines = [engine_actor.remote(self.cfg) for _ in range(r.engines)]
+        engine_options = {
+            "num_cpus": r.num_cpus_per_engine,
+            "num_gpus": r.num_gpus_per_engine,
+            "max_concurrency": ENGINE_MAX_CONCURRENCY,
+        }
         try:
+            for i in range(r.engines):  # one at a time: a failed start shuts down those already started
+                name = actor_name(self.cfg.run_name, "engine", i)
+                self.engines.append(start_named(remote_class(EngineHost), name, engine_options, self.cfg))
             # Engines sharing a node share its cores: rank them per node before they start.
             nodes = await self._within(
                 asyncio.gather(*(h.node.remote() for h in self.engines)),
@@ -284,10 +289,11 @@ class RolloutGroup:
             await self._within(
                 asyncio.gather(*(h.generate.remote(WARMUP_PROMPT, warm) for h in self.engines)), "warm-up requests"
             )
-            runner_actor = remote_class(RunnerHost).options(num_cpus=r.num_cpus_per_runner, max_concurrency=1000)
-            self.runners = [
-                runner_actor.remote(self.cfg, self.engines, self.tool_pool, self.judge) for _ in range(r.runners)
-            ]
+            runner_options = {"num_cpus": r.num_cpus_per_runner, "max_concurrency": 1000}
+            for i in range(r.runners):
+                name = actor_name(self.cfg.run_name, "runner", i)
+                args = (self.cfg, self.engines, self.tool_pool, self.judge)
+                self.runners.append(start_named(remote_class(RunnerHost), name, runner_options, *args))
             await self._within(
                 asyncio.gather(*(h.stats.remote() for h in self.runners)),
                 f"placing {r.runners} runner actor(s) ({r.num_cpus_per_runner} CPU each)",

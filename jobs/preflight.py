@@ -1,7 +1,8 @@
 """Preflight of a training run: everything that can be checked before any GPU time is spent.
 
-`python -m jobs.train --config X` (without `--run`) runs these checks and prints the plan; with
-`--run` the same checks gate the run, so a bad config, bad data or a missing key stops it before
+`python -m jobs.train --config X` (without `--run`) runs these checks and prints the plan, and writes
+nothing (rule tasks it would generate are generated into a temporary folder, checked, and deleted);
+with `--run` the same checks gate the run, so a bad config, bad data or a missing key stops it before
 any actor starts. Each failed check says what to fix.
 
 Checks: resources (what the roles ask of the cluster), data (task files through the gate), model and
@@ -12,7 +13,11 @@ tokenizer, the chat template round trip (render a task, tokenize, parse a tool c
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import os
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -130,48 +135,67 @@ def generated_data_paths(cfg: Config) -> tuple[Path, dict[str, Path]]:
     return out, {str(k): v for k, v in output_paths(out, splits).items()}
 
 
-def generate_data(cfg: Config) -> str:
-    """Generate the rule tasks the config names when its files are missing; returns what was done."""
-    from jobs.generate_tasks import build_parser, resolve, run
+@contextlib.contextmanager
+def task_files(cfg: Config, write: bool) -> Iterator[tuple[str, dict[str, Path]]]:
+    """The task files to check, by config key, and a line saying where they come from.
 
+    With `data.generate: rule` and files missing, the rule tasks are generated: into their configured
+    place when `write`, else (a dry run writes nothing) into a temporary folder that exists only
+    while the context is open."""
+    wanted = {"data.train": Path(cfg.data.train)}
+    if cfg.data.validation:
+        wanted["data.validation"] = Path(cfg.data.validation)
+    if cfg.data.generate != "rule" or all(p.is_file() for p in wanted.values()):
+        yield ("task files present" if cfg.data.generate == "rule" else "task files"), wanted
+        return
     out, paths = generated_data_paths(cfg)
-    wanted = [Path(cfg.data.train)] + ([Path(cfg.data.validation)] if cfg.data.validation else [])
-    if all(p.is_file() for p in wanted):
-        return "task files present"
-    missing = [str(p) for p in wanted if str(p) not in {str(q) for q in paths.values()}]
+    written = {str(q) for q in paths.values()}
+    missing = [str(p) for p in wanted.values() if str(p) not in written]
     if missing:
         raise ValueError(
             f"data.validation {missing[0]} is not a split the generator writes; with generation.splits "
             f"{cfg.generation.splits} it writes {', '.join(map(str, paths.values()))}"
         )
+    if write:
+        _generate_rule_tasks(cfg, out)
+        yield f"generated rule tasks into {out.parent}", wanted
+        return
+    with tempfile.TemporaryDirectory(prefix="mcprl-preflight-") as tmp:
+        with contextlib.redirect_stdout(io.StringIO()):  # its "wrote N rows to <temp file>" would mislead
+            _generate_rule_tasks(cfg, Path(tmp) / out.name)
+        where = ", ".join(str(p) for p in wanted.values())
+        yield (
+            f"--run would generate rule tasks into {where} (nothing written now)",
+            {key: Path(tmp) / p.name for key, p in wanted.items()},
+        )
+
+
+def _generate_rule_tasks(cfg: Config, out: Path) -> None:
+    from jobs.generate_tasks import build_parser, resolve, run
+
     args = build_parser().parse_args(["--method", "rule", "--out", str(out)])
     resolve(args, cfg, os.environ)
-    code = asyncio.run(run(args, cfg))
-    if code != 0:
+    if asyncio.run(run(args, cfg)) != 0:
         raise ValueError("rule generation admitted no tasks")
-    return f"generated rule tasks into {out.parent}"
 
 
-def check_data(cfg: Config, pf: Preflight) -> None:
+def check_data(cfg: Config, pf: Preflight, write: bool = False) -> None:
+    """Load the task files through the gate; `write`: generate missing rule tasks into place (see task_files)."""
     from tasks.dataset import DataError, load_tasks
     from tasks.inventory import inventory_from_listing, live_writing_tools
 
-    if cfg.data.generate == "rule":
-        try:
-            detail = generate_data(cfg)
-        except Exception as e:
-            pf.add("data", False, f"generating tasks failed: {e}", "fix the generation section or data paths")
-            return
-    else:
-        detail = "task files"
     inventory = inventory_from_listing(pf.listing)
     live = live_writing_tools(pf.listing, cfg.tools)
     try:
-        pf.train_rows = load_tasks(cfg.data.train, inventory, "data.train", live)
-        if cfg.data.validation:
-            pf.validation_rows = load_tasks(cfg.data.validation, inventory, "data.validation", live)
+        with task_files(cfg, write) as (detail, files):
+            pf.train_rows = load_tasks(files["data.train"], inventory, "data.train", live)
+            if "data.validation" in files:
+                pf.validation_rows = load_tasks(files["data.validation"], inventory, "data.validation", live)
     except DataError as e:
         pf.add("data", False, str(e), "fix or drop the rows named (python -m jobs.validate_tasks --in FILE)")
+        return
+    except Exception as e:
+        pf.add("data", False, f"generating tasks failed: {e}", "fix the generation section or data paths")
         return
     if len(pf.train_rows) < cfg.train.tasks_per_step:
         pf.add(
@@ -189,25 +213,35 @@ def check_data(cfg: Config, pf: Preflight) -> None:
 
 
 def check_model(cfg: Config, pf: Preflight) -> None:
+    """The config and tokenizer (the driver's share of the model); an HF id's weights may stay on the Hub,
+    for each node to download when it loads the model."""
+    from huggingface_hub import constants
     from transformers import AutoConfig
 
-    from actors.models import load_tokenizer, resolve_model
+    from actors.models import BUILTIN_MODELS, ModelNotFoundError, load_tokenizer, resolve_model
 
+    name = cfg.model.name
     try:
-        folder = resolve_model(cfg.model.name, cfg.model.cache_dir)
-        model_cfg = AutoConfig.from_pretrained(folder)
+        folder = resolve_model(name, cfg.model.cache_dir, weights=False)
+        model_cfg = AutoConfig.from_pretrained(folder, local_files_only=True)
         pf.tokenizer = load_tokenizer(cfg.model)
     except Exception as e:
-        pf.add("model", False, f"{cfg.model.name}: {e}", "set model.name to a local folder or a built-in")
+        detail = str(e) if isinstance(e, ModelNotFoundError) else f"{name}: {type(e).__name__}: {e}"
+        fix = "set model.name to a built-in, a local folder, or an HF id (downloaded unless HF_HUB_OFFLINE is set)"
+        pf.add("model", False, detail, fix)
         return
     weights = sorted(p.name for p in Path(folder).glob("*.safetensors")) or sorted(Path(folder).glob("*.bin"))
+    hub_id = name not in BUILTIN_MODELS and not Path(name).expanduser().is_dir()
+    where = f"at {folder}"
     if not weights:
-        pf.add("model", False, f"{folder} has no weight files", "point model.name at a complete model folder")
-        return
+        if not hub_id or constants.is_offline_mode():
+            pf.add("model", False, f"{folder} has no weight files", "point model.name at a complete model folder")
+            return
+        where = f"config and tokenizer at {folder}; each node downloads the weights when it first loads the model"
     if not pf.tokenizer.chat_template:
-        pf.add("model", False, f"{cfg.model.name} has no chat template", "choose an instruct/chat model")
+        pf.add("model", False, f"{name} has no chat template", "choose an instruct/chat model")
         return
-    pf.add("model", True, f"{cfg.model.name}: {model_cfg.model_type}, vocab {model_cfg.vocab_size}, at {folder}")
+    pf.add("model", True, f"{name}: {model_cfg.model_type}, vocab {model_cfg.vocab_size}, {where}")
 
 
 def check_template(cfg: Config, pf: Preflight) -> None:
@@ -313,14 +347,16 @@ def check_servers(cfg: Config, pf: Preflight) -> None:
 # --------------------------------------------------------------------------- all of it
 
 
-def run_preflight(cfg: Config) -> Preflight:
+def run_preflight(cfg: Config, write: bool = False) -> Preflight:
+    """All checks. Without `write` (the dry run) nothing is written: missing rule tasks are generated
+    into a temporary folder, checked and deleted; with it (`--run`) they are written into place."""
     pf = Preflight()
     check_resources(cfg, pf)
     check_keys(cfg, pf)
     check_servers(cfg, pf)
     check_model(cfg, pf)
     if pf.listing:
-        check_data(cfg, pf)
+        check_data(cfg, pf, write)
     else:
         pf.add("data", False, "skipped: no tool listing to check the tasks against", "fix the MCP servers first")
     check_template(cfg, pf)

@@ -401,7 +401,7 @@ def main(argv: list[str] | None = None) -> None:
         usage_error("--resume and --fresh contradict each other")
     from jobs.preflight import run_preflight
 
-    pf = run_preflight(cfg)
+    pf = run_preflight(cfg, write=args.run)  # a dry run writes nothing
     print_preflight(pf, cfg)
     if not pf.ok:
         print(f"preflight failed: {len(pf.failures())} check(s); nothing was started", file=sys.stderr)

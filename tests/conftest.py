@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import socket
+
+# No test may reach the real Hugging Face Hub: offline mode for this process, and (inherited through
+# os.environ) for every subprocess, Ray worker and Serve replica the tests start. Set before anything
+# imports huggingface_hub, which reads it once. Tests of the download path unset it and point
+# HF_ENDPOINT at loopback.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 

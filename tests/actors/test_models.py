@@ -7,9 +7,17 @@ cache ($MCPRL_CACHE or ~/.cache/mcprl) and is reused by later runs.
 from __future__ import annotations
 
 import hashlib
+import http.server
 import json
 import multiprocessing as mp
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import torch
@@ -28,6 +36,9 @@ from actors.models import (
     smollm2_gguf_path,
 )
 from configs.schema import ModelConfig
+from tests.conftest import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
 
 TINY_PARAMS = 6_587_008  # 49152x128 tied embedding + 2 layers of 147,712 + final norm
 SMOLLM2_PARAMS = 134_515_008
@@ -149,16 +160,97 @@ def test_local_folder_resolves_to_itself(tiny_folder: Path, tmp_path: Path) -> N
         resolve_model(str(tmp_path))
 
 
-def test_unknown_name_lists_the_choices() -> None:
+def test_unknown_name_lists_the_choices(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))  # an empty cache
+    for name in ("no-such-org/no-such-model", "not/an/id"):
+        with pytest.raises(ModelNotFoundError) as info:
+            resolve_model(name)
+        message = str(info.value)
+        assert isinstance(info.value, ValueError)
+        assert repr(name) in message
+        assert "a local folder with config.json" in message
+        for builtin in BUILTIN_MODELS:
+            assert builtin in message
+
+
+def test_offline_mode_names_the_model_and_the_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from huggingface_hub import constants
+
+    assert constants.is_offline_mode(), "tests/conftest.py sets HF_HUB_OFFLINE=1 before huggingface_hub loads"
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
     with pytest.raises(ModelNotFoundError) as info:
-        resolve_model("no-such-org/no-such-model")
+        resolve_model("Qwen/Qwen2.5-1.5B-Instruct")
     message = str(info.value)
-    assert isinstance(info.value, ValueError)
-    assert "'no-such-org/no-such-model'" in message
-    assert "nothing can be downloaded" in message
-    assert "a local folder with config.json" in message
-    for name in BUILTIN_MODELS:
-        assert name in message
+    assert f"'Qwen/Qwen2.5-1.5B-Instruct' is not in the HF cache of node {socket.gethostname()}" in message
+    assert "HF_HUB_OFFLINE is set" in message
+
+
+def test_the_library_leaves_offline_mode_to_the_user() -> None:
+    """Importing our model code does not turn offline mode on; the test config does, for subprocesses too."""
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    code = "import actors.models, huggingface_hub.constants as c; print(c.HF_HUB_OFFLINE)"
+    for child_env, expected in ((env, "False"), (os.environ, "True")):
+        out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=child_env, capture_output=True, text=True)
+        assert out.stdout.strip() == expected, out.stderr
+
+
+class _NotFoundHub(http.server.BaseHTTPRequestHandler):
+    """A Hub on loopback that knows no repository: every request gets a 404, and its path is kept."""
+
+    paths: ClassVar[list[str]] = []
+
+    def do_GET(self) -> None:
+        type(self).paths.append(self.path)
+        body = b'{"error": "Repository not found"}'
+        self.send_response(404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("X-Error-Code", "RepoNotFound")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_HEAD = do_GET
+
+    def log_message(self, *args: object) -> None:  # keep pytest's output clean
+        pass
+
+
+@pytest.fixture
+def not_found_hub() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NotFoundHub)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("hub", ["nothing listening", "a 404 server"])
+def test_failed_download_names_the_model_and_the_node(hub: str, tmp_path: Path, request) -> None:
+    """Online mode (HF_HUB_OFFLINE unset) against a Hub on loopback: never the real one."""
+    endpoint = request.getfixturevalue("not_found_hub") if hub == "a 404 server" else f"http://127.0.0.1:{free_port()}"
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    env |= {"HF_ENDPOINT": endpoint, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_DISABLE_TELEMETRY": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "actors.models", "acme/missing"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert f"model 'acme/missing' could not be downloaded from the Hub ({endpoint}) on node {socket.gethostname()}" in (
+        proc.stderr
+    )
+    if hub == "a 404 server":
+        assert "RepositoryNotFoundError" in proc.stderr
+        assert any("acme/missing" in path for path in _NotFoundHub.paths), _NotFoundHub.paths
+    assert not list((tmp_path / "hf" / "hub").glob("models--*/snapshots/*/*")), "nothing was downloaded"
 
 
 def test_hf_id_from_the_local_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -176,6 +268,12 @@ def test_hf_id_from_the_local_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     (snapshot / "config.json").symlink_to("../../blobs/cafe")
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
 
+    # The config and tokenizer are there, the weights not: enough for the driver, not to load the model.
+    assert resolve_model("acme/tiny", weights=False) == snapshot
+    with pytest.raises(ModelNotFoundError, match="'acme/tiny' is not in the HF cache"):
+        resolve_model("acme/tiny")
+    (repo / "blobs" / "beef").write_text("weights")
+    (snapshot / "model.safetensors").symlink_to("../../blobs/beef")
     assert resolve_model("acme/tiny") == snapshot
     with pytest.raises(ModelNotFoundError, match="acme/tiny"):  # listed among the choices
         resolve_model("acme/other")

@@ -92,6 +92,8 @@ def test_full_group_step_and_weight_export(ray_cluster) -> None:
     try:
         group.start()
         pg = group.placement_group
+        for i, actor in enumerate(group.actors):  # named for the dashboard
+            assert ray.get_actor(f"mcprl:{cfg.run_name}:learner-{i}")._actor_id == actor._actor_id
         metrics = group.train_step(fixed_batch(3))  # 3 samples on 2 ranks
         assert metrics["samples"] == 3 and metrics["grad_norm"] > 0
         refs = group.export_weights_refs(max_chunk_bytes=1 << 20)

@@ -152,6 +152,21 @@ async def test_episodes_are_well_formed(group: RolloutGroup, tokenizer) -> None:
         await RemoteEngine(group.engines[0], 0).generate([], GREEDY)
 
 
+async def test_actors_carry_the_run_name(group: RolloutGroup, pool) -> None:
+    import ray
+
+    run = group.cfg.run_name
+    for role, handles in (("engine", group.engines), ("runner", group.runners)):
+        for i, handle in enumerate(handles):  # what the dashboard shows, and a handle to the same actor
+            assert ray.get_actor(f"mcprl:{run}:{role}-{i}")._actor_id == handle._actor_id
+    # A second group under the same run_name in this namespace does not start, and the first runs on.
+    second = RolloutGroup(group_config(), pool, start_timeout_s=60)
+    with pytest.raises(RuntimeError, match=rf"'mcprl:{run}:engine-0' is taken in namespace .*run_name"):
+        await second.start()
+    assert second.engines == [] and second.runners == []
+    assert group.versions() == [0, 0]
+
+
 async def test_sampling_override_greedy_is_repeatable(group: RolloutGroup) -> None:
     rows = [row(i) for i in range(2)]
     first = await group.run(rows, 1, sampling=GREEDY)

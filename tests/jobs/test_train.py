@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -43,9 +44,11 @@ def train_cmd(tmp: Path, data: Path, *extra: str) -> list[str]:
     ]
 
 
-def train(tmp: Path, *extra: str, data: Path | None = None, check: bool = True) -> subprocess.CompletedProcess:
+def train(
+    tmp: Path, *extra: str, data: Path | None = None, check: bool = True, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     cmd = train_cmd(tmp, data or tmp / "data", *extra)
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S, env=ENV)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S, env={**ENV, **(env or {})})
     if check and proc.returncode != 0:
         tail = f"--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-6000:]}"
         raise AssertionError(f"exit {proc.returncode}\n{tail}")
@@ -69,13 +72,21 @@ def unbroken(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp / "runs" / "ci-tiny"
 
 
-def test_preflight_prints_the_plan_and_starts_nothing(tmp_path: Path) -> None:
-    proc = train(tmp_path)
+def test_preflight_prints_the_plan_and_starts_nothing(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The task files are missing: the dry run generates and checks them without writing them."""
+    temp = tmp_path_factory.mktemp("preflight-tmpdir")  # its own TMPDIR: a temporary folder left is seen
+    proc = train(tmp_path, env={"TMPDIR": str(temp)})
     assert "preflight passed" in proc.stdout
     for check in ("resources", "API keys", "MCP servers", "model", "data", "chat template"):
         assert f"[ok] {check}" in proc.stdout
     assert "fine-tune: lora" in proc.stdout and "rollout backend: hf" in proc.stdout
-    assert not (tmp_path / "runs").exists()
+    data = tmp_path / "data"
+    would = f"--run would generate rule tasks into {data / 'tasks.train.jsonl'}, {data / 'tasks.validation.jsonl'}"
+    assert would in proc.stdout
+    assert re.search(r"\[ok\] data: .*: \d+ training tasks, \d+ validation; all pass the gate", proc.stdout)
+    assert "wrote" not in proc.stdout  # the generator's lines about its temporary files stay hidden
+    assert list(tmp_path.iterdir()) == [], "the dry run wrote files (task files, the output dir)"
+    assert not list(temp.glob("mcprl-preflight-*")), "the temporary task files were not deleted"
 
 
 def test_two_steps_write_checkpoints_metrics_wandb_and_a_report(unbroken: Path) -> None:

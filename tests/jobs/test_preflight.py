@@ -1,0 +1,27 @@
+"""Preflight's model check with an HF id: what it says when this node cannot get the model."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from configs.schema import Config
+from jobs.preflight import Preflight, check_model
+
+
+def test_model_check_names_the_model_and_the_node_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))  # an empty cache; offline (tests/conftest.py)
+    cfg = Config()
+    cfg.model.name = "Qwen/Qwen2.5-1.5B-Instruct"
+    pf = Preflight()
+    check_model(cfg, pf)
+    [check] = pf.checks
+    assert check.name == "model" and not check.ok
+    assert f"'Qwen/Qwen2.5-1.5B-Instruct' is not in the HF cache of node {socket.gethostname()}" in check.detail
+    assert "HF_HUB_OFFLINE is set" in check.detail
+    assert "HF_HUB_OFFLINE" in check.fix
+    assert pf.tokenizer is None
