@@ -22,34 +22,13 @@ import tempfile
 import uuid
 from typing import Any
 
-from cluster.ray_env import remote_class
+from cluster.ray_env import actor_name, remote_class, start_named
 from configs.schema import Config
 
 log = logging.getLogger(__name__)
 
 _PLACEMENT_TIMEOUT_S = 900.0  # GPU nodes of an autoscaling cluster take minutes to join
 _PLACEMENT_LOG_S = 30.0
-
-
-def actor_name(run_name: str, role: str, index: int) -> str:
-    """The name the Ray dashboard shows for a run's actor: `mcprl:<run_name>:<role>-<index>`."""
-    return f"mcprl:{run_name}:{role}-{index}"
-
-
-def start_named(actor_class: Any, name: str, options: dict[str, Any], *args: Any) -> Any:
-    """`actor_class.options(name=name, **options).remote(*args)`, failing with a clear error when another live
-    actor holds the name in this Ray namespace (another run with the same run_name)."""
-    import ray
-    from ray.exceptions import ActorAlreadyExistsError
-
-    try:
-        return actor_class.options(name=name, **options).remote(*args)
-    except ActorAlreadyExistsError:
-        namespace = ray.get_runtime_context().namespace
-        raise RuntimeError(
-            f"Ray actor name {name!r} is taken in namespace {namespace!r}: another run with this run_name is "
-            "live there. Stop it, or give this run another run_name (or cluster.namespace)"
-        ) from None
 
 
 class LearnerGroup:

@@ -40,6 +40,27 @@ class RayHandle:
     dashboard_url: str | None
 
 
+def actor_name(run_name: str, role: str, index: int) -> str:
+    """The name the Ray dashboard shows for a run's actor: `mcprl:<run_name>:<role>-<index>`."""
+    return f"mcprl:{run_name}:{role}-{index}"
+
+
+def start_named(actor_class: Any, name: str, options: dict[str, Any], *args: Any) -> Any:
+    """`actor_class.options(name=name, **options).remote(*args)`, failing with a clear error when another live
+    actor holds the name in this Ray namespace (another run with the same run_name)."""
+    import ray
+    from ray.exceptions import ActorAlreadyExistsError
+
+    try:
+        return actor_class.options(name=name, **options).remote(*args)
+    except ActorAlreadyExistsError:
+        namespace = ray.get_runtime_context().namespace
+        raise RuntimeError(
+            f"Ray actor name {name!r} is taken in namespace {namespace!r}: another run with this run_name is "
+            "live there. Stop it, or give this run another run_name (or cluster.namespace)"
+        ) from None
+
+
 @functools.cache
 def remote_class(cls: type) -> Any:
     """`ray.remote(cls)`, once per class and process: Ray rewraps a class's methods in place each time,

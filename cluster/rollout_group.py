@@ -45,8 +45,7 @@ from typing import Any
 
 from actors.engine_api import EngineError, EngineUnavailable, Generation
 from actors.trajectory import Trajectory
-from cluster.learner_group import actor_name, start_named
-from cluster.ray_env import remote_class
+from cluster.ray_env import actor_name, remote_class, start_named
 from configs.schema import Config, SamplingConfig
 
 log = logging.getLogger(__name__)
