@@ -103,7 +103,7 @@ def test_strict_turns_long_prompts_into_errors(runs: dict[str, Run]) -> None:
         ("missing", 2, "missing.jsonl: no such file"),
         ("suffix", 2, "unknown task file type '.csv'"),
         ("config", 2, "tools.servers.polygon.bakend: unknown key"),
-        ("model", 2, "model 'no-such-model-here' is not a built-in"),
+        ("model", 2, "model 'no-such-model-here' is not in the HF cache of node"),
         ("broken", 1, "broken.jsonl: line 2, column"),
     ],
 )
