@@ -29,7 +29,7 @@ Token exactness (see actors/trajectory.py for the layout):
 Routing: an episode sticks to one engine for its life, chosen least-loaded (fewest live episodes)
 among engines not marked dead. `EngineError` is the request's fault (prompt too long, ...): the
 episode ends as `engine_failed`, infra-flagged, and the engine stays in service. Any other
-exception from `generate` means the engine died: it is marked dead for this runner's life and each
+exception from `generate` means the engine died: it is marked dead (until `replace_engine`) and each
 of its episodes restarts from scratch (a fresh env) on another engine, up to
 `rollout.max_episode_restarts` times; then (or with no engine left) the episode comes back as
 infra_fault / `engine_failed`. Every episode comes back exactly once, in input order.
@@ -295,6 +295,14 @@ class EpisodeRunner:
             "delta_fallbacks": self.template.delta_fallbacks,
         }
 
+    def replace_engine(self, index: int, engine: Any) -> None:
+        """Engine `index` was restarted: route to `engine` from now on (episodes still on the old one
+        fail over as before, without marking the new one dead)."""
+        if not 0 <= index < len(self.engines):
+            raise IndexError(f"engine {index} is out of range ({len(self.engines)} engines)")
+        self.engines[index] = engine
+        self.dead.discard(index)
+
     # ------------------------------------------------------------------ episodes
 
     async def _play(self, ep: _Episode, barrier: _Barrier | _NoBarrier, tick: Any) -> None:
@@ -308,11 +316,13 @@ class EpisodeRunner:
                     return
                 ep.engine = engine
                 self.load[engine] += 1
+                handle = self.engines[engine]  # what _attempt uses: it reads it before its first await
                 try:
                     ep.result = await self._attempt(ep, engine, barrier)
                     return
                 except EngineDied as e:
-                    self.dead.add(engine)
+                    if self.engines[engine] is handle:  # not already replaced by a restarted engine
+                        self.dead.add(engine)
                     partial = e.args[1] if len(e.args) > 1 else None
                     if ep.restarts >= self.cfg.rollout.max_episode_restarts:
                         ep.result = self._failed(ep, partial, f"engine {engine} died; restarts exhausted")

@@ -373,6 +373,12 @@ class RolloutConfig(Strict):
     runners: int = Field(1, ge=1, description="EpisodeRunner actors; each drives every engine.")
     num_cpus_per_runner: float = Field(0.1, gt=0)
     max_concurrent_episodes: int | None = Field(None, ge=1, description="Per runner; None = all at once.")
+    max_engine_restarts: int = Field(
+        3, ge=0, description="Engine actors a RolloutGroup restarts (with the current policy) over its life."
+    )
+    max_runner_restarts: int = Field(
+        3, ge=0, description="Runner actors a RolloutGroup replaces (re-running their tasks) over its life."
+    )
     overlap: bool = Field(False, description="Generate step k+1 while step k trains (one step off-policy).")
 
 
