@@ -31,6 +31,20 @@ Faults: an engine actor that dies is marked dead here (and by each runner on its
 request); its episodes restart on another engine (see actors/episode_runner.py). Pushes skip
 engines known dead and report them; a live engine that fails to load, or reports another version
 afterwards, is an error naming that engine.
+
+Restarts: at the end of every `run` (which pings each engine) and every push, and at the start of
+each, a dead engine actor is started again under its name (`mcprl:<run>:engine-<i>`, free once
+the old actor is killed), on the core slice of the engine it replaces, warmed up, and given the
+current policy before any runner sees it: the group keeps the object ref(s) of the last successful
+push (an adapter, or weight chunks: that pins one copy of the full weights in the object store)
+and loads them into the new engine only, which must then report that version. Then every runner
+swaps engine i's handle (`RunnerHost.replace_engine`) and routes to it again. Only engines whose
+actor is gone are restarted (an engine a runner gave up on over a non-fatal error stays as it is).
+A runner actor that dies during `run` is replaced the same way and its share of the tasks
+re-run on the new one, whole, so each trajectory still comes back exactly once (its lost episodes
+are played again from scratch). Both are bounded over the group's life by
+`rollout.max_engine_restarts` and `rollout.max_runner_restarts`; each restart is logged, and once
+the budget is spent an engine stays dead and a lost runner is a `RolloutGroupError` as before.
 """
 
 from __future__ import annotations
@@ -53,6 +67,7 @@ log = logging.getLogger(__name__)
 WARMUP_PROMPT = [1, 2, 3]  # valid ids in any vocabulary; the answer is thrown away
 ENGINE_MAX_CONCURRENCY = 10_000  # generate calls in flight per engine actor (Ray's async default is 1000)
 SHUTDOWN_TIMEOUT_S = 60.0
+NAME_FREE_TIMEOUT_S = 30.0  # a killed actor's name is freed once the GCS has marked it dead
 
 
 class RolloutGroupError(RuntimeError):
@@ -217,6 +232,10 @@ class RunnerHost:
     def stats(self) -> dict[str, Any]:
         return self.runner.stats()
 
+    def replace_engine(self, index: int, handle: Any) -> None:
+        """Engine `index` was restarted as actor `handle`."""
+        self.runner.replace_engine(index, RemoteEngine(handle, index))
+
 
 # --------------------------------------------------------------------------- the group
 
@@ -239,6 +258,12 @@ class RolloutGroup:
         self.engines: list[Any] = []  # actor handles, index = engine id in trajectories
         self.runners: list[Any] = []
         self.dead: set[int] = set()  # engines known dead here
+        self.ranks: list[tuple[int, int]] = []  # (rank, count) of each engine on its node: its core slice
+        # The last successful push, loaded into a restarted engine: ("adapter" | "weights", version, ref(s)).
+        self.policy: tuple[str, int, Any] | None = None
+        self.engine_restarts = 0
+        self.restarting: set[int] = set()  # engines being restarted now
+        self.runner_restarts = 0
         self.placements: list[dict[str, Any]] = []
         self.turns_played = 0  # env steps of every episode returned so far (each is one judge call per turn)
 
@@ -261,38 +286,29 @@ class RolloutGroup:
                     f"pass {hint} ({type(e).__name__}: {e})"
                 ) from e
         r = self.cfg.rollout
-        engine_options = {
-            "num_cpus": r.num_cpus_per_engine,
-            "num_gpus": r.num_gpus_per_engine,
-            "max_concurrency": ENGINE_MAX_CONCURRENCY,
-        }
         try:
             for i in range(r.engines):  # one at a time: a failed start shuts down those already started
                 name = actor_name(self.cfg.run_name, "engine", i)
-                self.engines.append(start_named(remote_class(EngineHost), name, engine_options, self.cfg))
+                self.engines.append(start_named(remote_class(EngineHost), name, self._engine_options(), self.cfg))
             # Engines sharing a node share its cores: rank them per node before they start.
             nodes = await self._within(
                 asyncio.gather(*(h.node.remote() for h in self.engines)),
                 f"placing {r.engines} engine actor(s) ({r.num_cpus_per_engine} CPU, {r.num_gpus_per_engine} GPU each)",
             )
             per_node, seen = Counter(nodes), Counter[str]()
-            ranks = []
             for node in nodes:
-                ranks.append((seen[node], per_node[node]))
+                self.ranks.append((seen[node], per_node[node]))
                 seen[node] += 1
             self.placements = await self._within(
-                asyncio.gather(*(h.start.remote(k, n) for h, (k, n) in zip(self.engines, ranks, strict=True))),
+                asyncio.gather(*(h.start.remote(k, n) for h, (k, n) in zip(self.engines, self.ranks, strict=True))),
                 f"starting {r.engines} engine(s)",
             )
-            warm = SamplingConfig(temperature=0, max_new_tokens=2, stop=[])
-            await self._within(
-                asyncio.gather(*(h.generate.remote(WARMUP_PROMPT, warm) for h in self.engines)), "warm-up requests"
-            )
-            runner_options = {"num_cpus": r.num_cpus_per_runner, "max_concurrency": 1000}
+            await self._within(asyncio.gather(*(self._warm_up(h) for h in self.engines)), "warm-up requests")
             for i in range(r.runners):
                 name = actor_name(self.cfg.run_name, "runner", i)
-                args = (self.cfg, self.engines, self.tool_pool, self.judge)
-                self.runners.append(start_named(remote_class(RunnerHost), name, runner_options, *args))
+                self.runners.append(
+                    start_named(remote_class(RunnerHost), name, self._runner_options(), *self._runner_args())
+                )
             await self._within(
                 asyncio.gather(*(h.stats.remote() for h in self.runners)),
                 f"placing {r.runners} runner actor(s) ({r.num_cpus_per_runner} CPU each)",
@@ -301,6 +317,24 @@ class RolloutGroup:
             await self.shutdown()
             raise
         log.info("rollout group: %d engine(s) %s, %d runner(s)", len(self.engines), self.placements, len(self.runners))
+
+    def _engine_options(self) -> dict[str, Any]:
+        r = self.cfg.rollout
+        return {
+            "num_cpus": r.num_cpus_per_engine,
+            "num_gpus": r.num_gpus_per_engine,
+            "max_concurrency": ENGINE_MAX_CONCURRENCY,
+        }
+
+    def _runner_options(self) -> dict[str, Any]:
+        return {"num_cpus": self.cfg.rollout.num_cpus_per_runner, "max_concurrency": 1000}
+
+    def _runner_args(self) -> tuple[Any, ...]:
+        return (self.cfg, list(self.engines), self.tool_pool, self.judge)
+
+    @staticmethod
+    async def _warm_up(handle: Any) -> None:
+        await handle.generate.remote(WARMUP_PROMPT, SamplingConfig(temperature=0, max_new_tokens=2, stop=[]))
 
     async def _within(self, awaitable: Any, what: str) -> Any:
         import ray
@@ -347,11 +381,15 @@ class RolloutGroup:
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
         tasks = list(tasks)
+        await self._restart_dead_engines()
         ranges = [(k, a, b) for k, (a, b) in enumerate(split_evenly(len(tasks), len(self.runners))) if b > a]
         results = await asyncio.gather(
-            *(self.runners[k].run.remote(tasks[a:b], group_size, sampling) for k, a, b in ranges),
+            *(self._run_share(k, tasks[a:b], group_size, sampling) for k, a, b in ranges),
             return_exceptions=True,
         )
+        # Engines that died during the run come back before the next one (the ping notices them).
+        await self._versions([i for i in range(len(self.engines)) if i not in self.dead])
+        await self._restart_dead_engines()
         failed = [(k, r) for (k, _, _), r in zip(ranges, results, strict=True) if isinstance(r, BaseException)]
         if failed:
             detail = "; ".join(f"runner {k}: {describe(e)}" for k, e in failed)
@@ -365,6 +403,119 @@ class RolloutGroup:
         self.turns_played += sum(len(t.turn_rewards) for t in out)
         return out
 
+    async def _run_share(
+        self, k: int, tasks: list[dict[str, Any]], group_size: int, sampling: SamplingConfig | None
+    ) -> list[Trajectory]:
+        """Runner k's share; if its actor dies, a replacement runs the whole share again (within budget)."""
+        from ray.exceptions import RayActorError
+
+        while True:
+            handle = self.runners[k]
+            try:
+                return await handle.run.remote(tasks, group_size, sampling)
+            except RayActorError as e:
+                if self.runner_restarts >= self.cfg.rollout.max_runner_restarts:
+                    raise
+                if self.runners[k] is handle:  # not replaced yet by a concurrent share of the same runner
+                    self.runner_restarts += 1
+                    log.warning(
+                        "runner %d died (%s): replacing it (%d of %d restarts) and re-running its %d task(s)",
+                        k,
+                        type(e).__name__,
+                        self.runner_restarts,
+                        self.cfg.rollout.max_runner_restarts,
+                        len(tasks),
+                    )
+                    self.runners[k] = await self._start_again(
+                        "runner", k, handle, RunnerHost, self._runner_options(), *self._runner_args()
+                    )
+
+    async def _start_again(
+        self, role: str, index: int, old: Any, cls: type, options: dict[str, Any], *args: Any
+    ) -> Any:
+        """Kill `old` (if not gone already) and start `cls` under its name once the name is free."""
+        import ray
+
+        name = actor_name(self.cfg.run_name, role, index)
+        ray.kill(old, no_restart=True)
+        deadline = time.monotonic() + NAME_FREE_TIMEOUT_S
+        while True:  # the GCS frees the name once it has marked the old actor dead
+            try:
+                ray.get_actor(name)
+            except ValueError:
+                break
+            if time.monotonic() > deadline:
+                raise RolloutGroupError(f"{name}: the name is still taken {NAME_FREE_TIMEOUT_S:.0f} s after killing it")
+            await asyncio.sleep(0.1)
+        return start_named(remote_class(cls), name, options, *args)
+
+    async def _restart_dead_engines(self) -> list[int]:
+        """Restart each dead engine (within `rollout.max_engine_restarts`) with the current policy, then
+        point every runner at it. Returns the engines restarted."""
+        budget = self.cfg.rollout.max_engine_restarts
+        todo = sorted(self.dead - self.restarting)[: max(0, budget - self.engine_restarts)]
+        if not todo:
+            return []
+        self.engine_restarts += len(todo)
+        self.restarting.update(todo)  # a push during a run must not restart the same engine twice
+        try:
+            results = await asyncio.gather(*(self._restart_engine(i) for i in todo), return_exceptions=True)
+        finally:
+            self.restarting.difference_update(todo)
+        restarted = [i for i, r in zip(todo, results, strict=True) if not isinstance(r, BaseException)]
+        for i, r in zip(todo, results, strict=True):
+            if isinstance(r, BaseException):
+                log.error("engine %d: restart failed, it stays dead: %s", i, describe(r))
+        if len(self.dead) > len(restarted) and self.engine_restarts >= budget:
+            log.warning("engine restarts spent (%d): engine(s) %s stay dead", budget, sorted(self.dead))
+        return restarted
+
+    async def _restart_engine(self, i: int) -> None:
+        from ray.exceptions import RayActorError
+
+        handle = await self._start_again("engine", i, self.engines[i], EngineHost, self._engine_options(), self.cfg)
+        try:
+            k, n = self.ranks[i]
+            placement = await self._within(handle.start.remote(k, n), f"restarting engine {i}")
+            await self._within(self._warm_up(handle), f"warming up restarted engine {i}")
+            loaded: tuple[str, int, Any] | None = None
+            while True:
+                while self.policy != loaded:  # a push skips this engine while it is dead: load what it missed
+                    loaded = self.policy
+                    what, version, ref = loaded
+                    load = handle.load_adapter if what == "adapter" else handle.update_weights
+                    await self._within(
+                        load.remote(version, ref), f"loading {what} v{version} into restarted engine {i}"
+                    )
+                    reported = await handle.version.remote()
+                    if reported != version:
+                        raise RolloutGroupError(f"restarted engine {i} reports version {reported}, expected {version}")
+                # Runners route to it only once it serves the current policy. A dead runner is skipped: its
+                # replacement is built over self.engines, so that holds the new handle first.
+                self.engines[i], self.placements[i] = handle, placement
+                told = await asyncio.gather(
+                    *(h.replace_engine.remote(i, handle) for h in self.runners), return_exceptions=True
+                )
+                for r in told:
+                    if isinstance(r, BaseException) and not isinstance(r, RayActorError):
+                        raise r
+                if self.policy == loaded:  # no await from this check to marking it live
+                    break
+        except BaseException:
+            import ray
+
+            ray.kill(handle, no_restart=True)
+            raise
+        self.dead.discard(i)
+        log.warning(
+            "engine %d restarted (%d of %d restarts) at version %d: %s",
+            i,
+            self.engine_restarts,
+            self.cfg.rollout.max_engine_restarts,
+            loaded[1] if loaded else 0,
+            placement,
+        )
+
     # ------------------------------------------------------------------ policy updates
 
     async def push_adapter(self, version: int, adapter_ref: Any) -> dict[str, Any]:
@@ -372,13 +523,14 @@ class RolloutGroup:
 
         Returns {"version", "latency_s" (the slowest engine, as seen from here: fetch + load),
         "per_engine_s" (aligned with "engines"), "load_s" (each engine's own timing of the load, the
-        fetch excluded; aligned with "engines"), "engines", "dead_engines"}. Raises naming each live
-        engine that failed to load it or reports another version afterwards."""
+        fetch excluded; aligned with "engines"), "engines", "restarted_engines" (found dead by this
+        push and restarted at this version), "dead_engines"}. Raises naming each live engine that
+        failed to load it or reports another version afterwards."""
         import ray
 
         if not isinstance(adapter_ref, ray.ObjectRef):
             raise TypeError(f"adapter_ref must be the ObjectRef of ray.put(adapter), got {type(adapter_ref).__name__}")
-        return await self._push(version, "adapter", lambda h: h.load_adapter.remote(version, adapter_ref))
+        return await self._push(version, "adapter", adapter_ref, lambda h: h.load_adapter.remote(version, adapter_ref))
 
     async def push_weights(self, version: int, chunk_refs: Sequence[Any]) -> dict[str, Any]:
         """Every live engine replaces its weights from the chunks' object refs (each a {name: tensor}
@@ -389,13 +541,14 @@ class RolloutGroup:
         bad = [i for i, r in enumerate(refs) if not isinstance(r, ray.ObjectRef)]
         if bad or not refs:
             raise TypeError(f"chunk_refs must be a non-empty list of ObjectRefs (ray.put); not refs at {bad[:5]}")
-        return await self._push(version, "weights", lambda h: h.update_weights.remote(version, refs))
+        return await self._push(version, "weights", refs, lambda h: h.update_weights.remote(version, refs))
 
-    async def _push(self, version: int, what: str, call: Any) -> dict[str, Any]:
+    async def _push(self, version: int, what: str, refs: Any, call: Any) -> dict[str, Any]:
         from ray.exceptions import RayActorError
 
         if not self.engines:
             raise RolloutGroupError("RolloutGroup is not started: await group.start() first")
+        await self._restart_dead_engines()  # at the old policy: then this push loads the new one
         live = [i for i in range(len(self.engines)) if i not in self.dead]
 
         async def one(i: int) -> tuple[float, float]:
@@ -423,6 +576,8 @@ class RolloutGroup:
         done = [i for i in live if i in times and i not in self.dead]
         if not done:
             raise RolloutGroupError(f"push of {what} v{version}: no live engine left (dead: {sorted(self.dead)})")
+        self.policy = (what, version, refs)
+        restarted = await self._restart_dead_engines()  # engines found dead by this push, at this version
         per_engine = [times[i][0] for i in done]
         return {
             "version": version,
@@ -430,6 +585,7 @@ class RolloutGroup:
             "per_engine_s": per_engine,
             "load_s": [times[i][1] for i in done],
             "engines": done,
+            "restarted_engines": restarted,
             "dead_engines": sorted(self.dead),
         }
 

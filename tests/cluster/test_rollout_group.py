@@ -1,8 +1,9 @@
 """RolloutGroup on real local Ray: 2 HF engine actors (tiny-random) + 1 runner actor, the real env over
 the Serve tool pool (offline polygon server). Well-formed trajectories, the sampling override, a LoRA
-push through the object store, and an engine actor killed mid-run.
+push through the object store, an engine actor killed mid-run (restarted at the current version), a
+runner actor killed mid-run (replaced, its tasks re-run), and the engine restart budget.
 
-Tests share one group and run in file order; the last one kills an engine.
+Tests share one group and run in file order; the last ones kill actors.
 """
 
 from __future__ import annotations
@@ -234,14 +235,73 @@ async def test_engine_killed_mid_run_every_episode_comes_back_once(group: Rollou
     assert all(t.engine == 1 for t in restarted)
     stats = group.stats()
     assert stats["restarts"] == sum(t.restarts for t in trajs) and stats["failed"] == 0
-    assert stats["runners"][0]["dead_engines"] == [0]
 
     # The dead actor surfaces as EngineUnavailable (not EngineError): the runner restarts, not fails.
     with pytest.raises(EngineUnavailable) as info:
         await RemoteEngine(victim, 0).generate([1, 2, 3], GREEDY)
     assert not isinstance(info.value, EngineError)
-    assert group.versions() == [-1, 1]
-    # Pushes skip the dead engine and say so.
+
+    # The run noticed the death: engine 0 is a new actor under the same name, at the version pushed
+    # before the kill (v1, not the base model's 0), and the runner routes to it again.
+    assert group.engine_restarts == 1 and group.dead == set()
+    assert group.engines[0]._actor_id != victim._actor_id
+    assert ray.get_actor(f"mcprl:{group.cfg.run_name}:engine-0")._actor_id == group.engines[0]._actor_id
+    assert group.versions() == [1, 1]
+    stats = group.stats()
+    assert stats["dead_engines"] == [] and stats["runners"][0]["dead_engines"] == []
+    assert stats["engines"][0]["placement"]["torch_threads"] == 1  # its own core slice again
+    # Pushes reach it, and the next run uses both engines again.
     report = await group.push_adapter(2, ray.put(make_adapter(seed=1)))
-    assert report["engines"] == [1] and report["dead_engines"] == [0]
-    assert group.versions() == [-1, 2]
+    assert report["engines"] == [0, 1] and report["dead_engines"] == [] and report["restarted_engines"] == []
+    assert group.versions() == [2, 2]
+    again = await group.run([row(i) for i in range(4)], group_size=2)
+    assert {t.engine for t in again} == {0, 1}
+    assert all(t.versions == [2] * t.turns and not t.restarts and not t.infra_fault for t in again)
+
+
+async def test_runner_killed_mid_run_is_replaced_and_its_tasks_rerun(group: RolloutGroup, tokenizer) -> None:
+    import ray
+
+    rows = [row(i, max_turns=4) for i in range(3)]
+    victim = group.runners[0]
+
+    async def served() -> int:
+        return sum(s.get("requests", 0) for s in await asyncio.gather(*(e.stats.remote() for e in group.engines)))
+
+    before = await served()
+    run = asyncio.create_task(group.run(rows, group_size=2))
+    # Kill the runner once its episodes are under way (an engine served one of its requests).
+    for _ in range(1500):
+        if await served() > before:
+            break
+        await asyncio.sleep(0.02)
+    else:
+        pytest.fail("the runner sent nothing")
+    assert not run.done()
+    ray.kill(victim, no_restart=True)
+    trajs = await run
+
+    assert [(t.task_id, t.group_id, t.sample_index) for t in trajs] == [
+        (f"rg-{g}", g, s) for g in range(3) for s in range(2)
+    ]  # every episode exactly once, in order
+    for t in trajs:
+        check_well_formed(t, tokenizer, group.cfg)
+        assert t.turns == 4 and t.versions == [2] * 4
+    assert group.runner_restarts == 1 and group.runners[0]._actor_id != victim._actor_id
+    assert ray.get_actor(f"mcprl:{group.cfg.run_name}:runner-0")._actor_id == group.runners[0]._actor_id
+    stats = group.stats()  # the replacement's stats: this run's episodes, on both engines
+    assert stats["done"] == stats["episodes"] == 6 and stats["failed"] == 0
+    assert {t.engine for t in trajs} == {0, 1}
+
+
+async def test_engine_restarts_are_bounded(group: RolloutGroup) -> None:
+    import ray
+
+    group.cfg.rollout.max_engine_restarts = group.engine_restarts  # budget spent (the driver's copy decides)
+    ray.kill(group.engines[1], no_restart=True)
+    assert group.versions() == [2, -1]
+    trajs = await group.run([row(i) for i in range(2)], group_size=1)
+    assert [t.engine for t in trajs] == [0, 0] and not any(t.infra_fault for t in trajs)
+    assert group.dead == {1} and group.versions() == [2, -1]
+    report = await group.push_adapter(3, ray.put(make_adapter(seed=2)))
+    assert report["engines"] == [0] and report["dead_engines"] == [1] and report["restarted_engines"] == []
