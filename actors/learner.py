@@ -28,7 +28,8 @@ base in `learner.dtype`); the forward computes in `learner.dtype` (see actors/sh
 
 Checkpoints are folders: `state/` (torch.distributed.checkpoint: trained parameters + optimizer, any world
 size), `rng-<rank>.pt`, `trainer.pt` (scheduler, counters), `meta.json` (mode, counters, the caller's
-`extra`), and for LoRA `adapter/` (PEFT format). They are written to a temporary folder and renamed.
+`extra`), and for LoRA `adapter/` (PEFT format). On a path they are written to a temporary folder and
+renamed; at a storage URI (cluster/storage.py) every rank uploads its files, and meta.json goes last.
 """
 
 from __future__ import annotations
@@ -234,13 +235,16 @@ class Learner:
     def _attach_adapter(self, base: nn.Module) -> nn.Module:
         from peft import LoraConfig, PeftModel, get_peft_model
 
-        folder = self.cfg.finetune.init_adapter
-        if folder:
-            if not (Path(folder) / "adapter_config.json").is_file():
+        from cluster import storage
+
+        where = self.cfg.finetune.init_adapter
+        if where:
+            if not storage.exists(storage.join(where, "adapter_config.json")):
                 raise FileNotFoundError(
-                    f"finetune.init_adapter: {folder!r} is not a PEFT adapter folder (no adapter_config.json)"
+                    f"finetune.init_adapter: {where!r} is not a PEFT adapter folder (no adapter_config.json)"
                 )
-            return PeftModel.from_pretrained(base, folder, adapter_name=_ADAPTER, is_trainable=True)
+            folder = storage.fetch(where)  # a URI: downloaded once per node
+            return PeftModel.from_pretrained(base, str(folder), adapter_name=_ADAPTER, is_trainable=True)
         lc = self.cfg.finetune.lora
         config = LoraConfig(
             r=lc.r,
@@ -688,25 +692,38 @@ class Learner:
         return chunks if self.rank == 0 else None
 
     def save_adapter(self, folder: str) -> None:
-        """The adapter in PEFT format (adapter_config.json + adapter_model.safetensors); rank 0 writes."""
+        """The adapter in PEFT format (adapter_config.json + adapter_model.safetensors) at `folder`, a
+        path or a storage URI; rank 0 writes."""
+        from cluster import storage
+
         adapter = self.export_adapter()
         if adapter is not None:
-            _write_adapter(Path(folder), adapter)
+            with storage.staged(folder) as local:
+                _write_adapter(local, adapter)
 
     # ------------------------------------------------------------------ checkpoints
 
     def save_checkpoint(self, folder: str, extra: dict[str, Any]) -> None:
-        """Everything `load_checkpoint` needs to continue bit for bit; atomic (a tmp folder, then a rename)."""
+        """Everything `load_checkpoint` needs to continue bit for bit, at `folder` (a path or a storage
+        URI). Complete or absent: a path gets a tmp folder renamed into place; a URI gets every rank's
+        files uploaded from a node-local folder, then meta.json, which `latest_checkpoint` looks for."""
         import torch
+
+        from cluster import storage
 
         self._require_setup()
         try:
             extra_json = json.dumps(extra)
         except TypeError as e:
             raise ValueError(f"save_checkpoint: extra must be JSON-serialisable: {e}") from e
-        final = Path(folder).absolute()
-        tmp = final.parent / f".{final.name}.tmp-{self.step}"
-        if self.rank == 0:
+        remote = storage.is_uri(folder)
+        if remote:
+            final = None
+            tmp = Path(tempfile.gettempdir()) / f"mcprl-ckpt-{os.getpid()}-{self.rank}-{self.step}"
+        else:
+            final = Path(folder).absolute()
+            tmp = final.parent / f".{final.name}.tmp-{self.step}"
+        if self.rank == 0 or remote:  # remote: every rank has its own node-local folder
             shutil.rmtree(tmp, ignore_errors=True)  # left by a save that died
             tmp.mkdir(parents=True)
         self._barrier()
@@ -731,6 +748,16 @@ class Learner:
             }
             (tmp / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
         self._barrier()
+        if remote:
+            try:
+                storage.upload(tmp, folder, skip=("meta.json",))
+                self._barrier()  # every rank's shards are up before meta.json says the checkpoint is whole
+                if self.rank == 0:
+                    storage.upload(tmp / "meta.json", storage.join(folder, "meta.json"))
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+            self._barrier()
+            return
         if self.rank == 0:
             old = None
             if final.exists():  # rename cannot replace a folder: move the old one aside first
@@ -741,36 +768,44 @@ class Learner:
         self._barrier()
 
     def load_checkpoint(self, folder: str) -> dict[str, Any]:
-        """Restore model, optimizer, schedule, counters and RNG from `save_checkpoint`; returns its `extra`."""
-        import torch
+        """Restore model, optimizer, schedule, counters and RNG from `save_checkpoint` (a path or a
+        storage URI); returns its `extra`."""
+        from cluster import storage
 
         self._require_setup()
-        path = Path(folder)
+        if storage.is_uri(folder):  # each rank reads its own node-local copy
+            with tempfile.TemporaryDirectory(prefix="mcprl-ckpt-") as tmp:
+                if not storage.exists(storage.join(folder, "meta.json")):
+                    raise CheckpointError(f"checkpoint {folder!r} has no meta.json: absent or incomplete")
+                return self._load_checkpoint(storage.download(folder, Path(tmp) / "ckpt"), label=folder)
+        return self._load_checkpoint(Path(folder), label=folder)
+
+    def _load_checkpoint(self, path: Path, label: str) -> dict[str, Any]:
+        import torch
+
         meta_file = path / "meta.json"
         if not path.is_dir():
-            raise CheckpointError(f"checkpoint {str(path)!r} does not exist (or is not a folder)")
+            raise CheckpointError(f"checkpoint {label!r} does not exist (or is not a folder)")
         try:
             meta = json.loads(meta_file.read_text())
         except (OSError, ValueError) as e:
-            raise CheckpointError(
-                f"checkpoint {str(path)!r} has no readable meta.json: not a learner checkpoint"
-            ) from e
+            raise CheckpointError(f"checkpoint {label!r} has no readable meta.json: not a learner checkpoint") from e
         if meta.get("format") != _CKPT_FORMAT:
-            raise CheckpointError(f"checkpoint {str(path)!r}: format {meta.get('format')!r}, expected {_CKPT_FORMAT}")
+            raise CheckpointError(f"checkpoint {label!r}: format {meta.get('format')!r}, expected {_CKPT_FORMAT}")
         if meta.get("mode") != self.cfg.finetune.mode:
             raise CheckpointError(
-                f"checkpoint {str(path)!r} holds a {meta.get('mode')!r} model, but finetune.mode is "
+                f"checkpoint {label!r} holds a {meta.get('mode')!r} model, but finetune.mode is "
                 f"{self.cfg.finetune.mode!r}"
             )
         for needed in ("state", "trainer.pt"):
             if not (path / needed).exists():
-                raise CheckpointError(f"checkpoint {str(path)!r} is incomplete: {needed} is missing")
+                raise CheckpointError(f"checkpoint {label!r} is incomplete: {needed} is missing")
         try:
             self.backend.load(str(path / "state"), self.model, self.optimizer, self._state_keep)
             if (path / "reference").exists() and self.ref_kind in ("model", "offloaded_model"):
                 self.backend.load(str(path / "reference"), self.reference, None, lambda k: True)
         except Exception as e:  # DCP's errors name tensors, not the cause
-            raise CheckpointError(f"checkpoint {str(path)!r} does not fit this model/config: {e}") from e
+            raise CheckpointError(f"checkpoint {label!r} does not fit this model/config: {e}") from e
         trainer = torch.load(path / "trainer.pt", weights_only=False)
         self.scheduler.load_state_dict(trainer["scheduler"])
         self.step = int(meta["step"])
@@ -779,7 +814,7 @@ class Learner:
         if rng.exists():
             _set_rng_state(torch.load(rng, weights_only=False))
         else:
-            log.warning("checkpoint %s: no RNG state for rank %d (world size %s)", path, self.rank, meta["world_size"])
+            log.warning("checkpoint %s: no RNG state for rank %d (world size %s)", label, self.rank, meta["world_size"])
         return meta["extra"]
 
     def _state_keep(self, key: str) -> bool:

@@ -3,6 +3,7 @@
 A name is one of
 - a built-in (`BUILTIN_MODELS`), built once per cache into `<cache>/models/<name>`;
 - an existing local folder holding `config.json`;
+- a model folder in storage (`s3://bucket/models/x`, see cluster.storage): downloaded once per node;
 - a Hugging Face id: taken from this node's HF cache, else downloaded from the Hub into it (once
   per node: concurrent processes wait for one download). Offline mode is only what the user sets
   (`HF_HUB_OFFLINE=1`, as `make test`/`make demo` do): then the id must be in the cache already.
@@ -95,6 +96,15 @@ def resolve_model(name: str, cache_dir: str = "", weights: bool = True) -> Path:
     comes from this node's HF cache, or is downloaded into it."""
     if name in BUILTIN_MODELS:
         return ensure_built(name, default_cache_dir(cache_dir))[0]
+    from cluster import storage
+
+    if storage.is_uri(name):  # a model folder in storage: downloaded once per node
+        folder = storage.fetch(name)
+        if not (folder / "config.json").is_file():
+            raise ModelNotFoundError(
+                f"model {name!r} (fetched into {folder} on node {node_description()}) has no config.json"
+            )
+        return folder
     folder = Path(name).expanduser()
     if folder.is_dir():
         if not (folder / "config.json").is_file():
@@ -160,7 +170,7 @@ def ensure_built(name: str, cache: str | Path) -> tuple[Path, bool]:
     if _is_current(final, name):
         return final, False
     models.mkdir(parents=True, exist_ok=True)
-    with _file_lock(models / f".{name}.lock"):
+    with file_lock(models / f".{name}.lock"):
         if _is_current(final, name):  # another process finished it while we waited
             return final, False
         # Holding the lock, any temp folder left is from a build that died: clear it.
@@ -213,7 +223,8 @@ def _is_current(folder: Path, name: str) -> bool:
 
 
 @contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
+def file_lock(path: Path) -> Iterator[None]:
+    """Exclusive use of `path`'s lock among this node's processes and threads."""
     # flock belongs to the open file, so this excludes other threads as well as other processes.
     with open(path, "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
@@ -249,7 +260,7 @@ def _from_hf(name: str, weights: bool) -> Path:
     # One download per node: processes that share the cache (actors, the driver) wait for the first.
     locks = Path(constants.HF_HUB_CACHE) / ".locks"  # where the HF cache keeps its own locks (scans skip it)
     locks.mkdir(parents=True, exist_ok=True)
-    with _file_lock(locks / f"mcprl-models--{name.replace('/', '--')}.lock"):
+    with file_lock(locks / f"mcprl-models--{name.replace('/', '--')}.lock"):
         folder = _cached_snapshot(name, weights)
         if folder is None:
             folder = _download(name, weights)

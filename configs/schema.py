@@ -6,7 +6,7 @@ Every model forbids unknown keys, so a typo fails at load time with the key's pa
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -459,7 +459,20 @@ class TrainConfig(Strict):
     eval_every: int = Field(0, ge=0, description="Evaluate on the validation split every N steps; 0 = start/end only.")
     eval_tasks: int = Field(32, ge=1, description="Validation tasks played (greedy) per evaluation.")
     checkpoint_every: int = Field(0, ge=0, description="Checkpoint every N steps (and at the end); 0 = end only.")
-    output_dir: str = Field("runs", description="Run folders go here: <output_dir>/<run_name>/.")
+    storage: str = Field(
+        "runs",
+        description="Where runs are kept, <storage>/<run_name>/: a folder (every node must see it: one node, or a "
+        "shared filesystem) or a URI (s3://bucket/prefix, gs://...). Checkpoints, adapters, metrics, report and "
+        "W&B files go there. A relative folder resolves against the launch directory; in a submitted Ray job "
+        "(whose working directory is deleted with it) against ~/mcprl.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "output_dir" in data:
+            raise ValueError("train.output_dir was renamed train.storage (a folder or an s3:// / gs:// URI)")
+        return data
 
 
 class LoggingConfig(Strict):

@@ -65,7 +65,9 @@ def read_adapter(folder: str | Path) -> dict[str, Any]:
     """A PEFT adapter folder as the engines take it: {"config": ..., "state_dict": ...}."""
     from safetensors.torch import load_file
 
-    folder = Path(folder)
+    from cluster import storage
+
+    folder = storage.fetch(str(folder))  # a storage URI: downloaded once
     config_file, weights = folder / "adapter_config.json", folder / "adapter_model.safetensors"
     if not config_file.is_file() or not weights.is_file():
         raise FileNotFoundError(f"{folder}: not a PEFT adapter folder (adapter_config.json, adapter_model.safetensors)")
@@ -94,7 +96,9 @@ async def run(cfg: Any, rows: list[dict[str, Any]], adapter: str | None) -> dict
 def main(argv: list[str] | None = None) -> None:
     p = base_parser(__doc__.splitlines()[0])
     p.add_argument("--tasks", required=True, help="task file (.jsonl, .json, .parquet)")
-    p.add_argument("--adapter", help="a LoRA adapter folder (PEFT format), e.g. <run>/final_adapter")
+    p.add_argument(
+        "--adapter", help="a LoRA adapter (PEFT format): a folder or a storage URI, e.g. <run>/final_adapter"
+    )
     p.add_argument("--limit", type=int, help="play only the first N tasks")
     p.add_argument("--out", help="write the results here as JSON (default: <tasks stem>.eval.json beside the tasks)")
     args = p.parse_args(argv)

@@ -385,5 +385,7 @@ def plan_lines(cfg: Config) -> list[str]:
     evals = f"{stages}, and every {t.eval_every} steps" if t.eval_every else stages
     lines.append(f"evaluation: {t.eval_tasks} validation tasks, greedy, {evals}" if cfg.data.validation else "")
     ck = f"every {t.checkpoint_every} steps and at the end" if t.checkpoint_every else "at the end"
-    lines.append(f"checkpoints: {ck}, under {Path(t.output_dir) / cfg.run_name}")
+    from cluster import storage
+
+    lines.append(f"checkpoints: {ck}, under {storage.join(storage.resolve(t.storage), cfg.run_name)}")
     return [line for line in lines if line]

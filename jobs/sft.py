@@ -3,7 +3,8 @@
     python -m jobs.sft --config FILE [--set k=v ...] [--tasks FILE] [--out DIR]
 
 Tasks: `--tasks`, else `data.train`. The adapter (PEFT format) goes to `--out`, else
-`<train.output_dir>/<run_name>/sft`; GRPO continues from it with `finetune.init_adapter=<that folder>`.
+`<train.storage>/<run_name>/sft` (a folder or a storage URI); GRPO continues from it with
+`finetune.init_adapter=<that folder>`.
 
 What it does (`run_sft`):
 1. Expert trajectories (`actors.expert`): each row's `tool_sequence` played through MCPToolEnv against
@@ -32,6 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cluster import storage
 from configs.schema import Config, ToolsConfig
 from jobs.cli import base_parser, setup, usage_error
 from tasks.io import FORMATS, TaskFileError, read_rows
@@ -194,7 +196,9 @@ def _progress(steps: int, enabled: bool) -> Any:
 def main(argv: list[str] | None = None) -> None:
     parser = base_parser(__doc__.splitlines()[0])
     parser.add_argument("--tasks", metavar="FILE", help=f"task file ({', '.join(FORMATS)}); default data.train")
-    parser.add_argument("--out", metavar="DIR", help="adapter folder; default <train.output_dir>/<run_name>/sft")
+    parser.add_argument(
+        "--out", metavar="DIR", help="adapter folder or storage URI; default <train.storage>/<run_name>/sft"
+    )
     args = parser.parse_args(argv)
     cfg = setup(args)
 
@@ -206,9 +210,10 @@ def main(argv: list[str] | None = None) -> None:
         rows = read_rows(path)
     except TaskFileError as e:
         usage_error(str(e))
-    out = Path(args.out) if args.out else Path(cfg.train.output_dir) / cfg.run_name / "sft"
+    out = args.out or storage.join(storage.resolve(cfg.train.storage), cfg.run_name, "sft")
     try:
-        run_sft(cfg, rows, out, progress=True)
+        with storage.staged(out) as local:
+            run_sft(cfg, rows, local, progress=True)
     except SftInputError as e:
         usage_error(f"{path}: {e}")
 

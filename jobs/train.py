@@ -11,7 +11,11 @@ confirms the new version → log → evaluate every k steps → checkpoint every
 With `sft_warmup.enabled` the run first evaluates the base model, trains the warm start, evaluates
 again, then runs GRPO and evaluates at the end: the report shows the three stages side by side.
 
-`--resume` continues from the newest checkpoint under <train.output_dir>/<run_name>/checkpoints: the
+Outputs go to <train.storage>/<run_name>/ (cluster/storage.py: a folder or an s3:// / gs:// URI):
+checkpoints, the warm-start and final adapters, metrics, the report and W&B files. The driver keeps
+its own small files in a local folder and pushes them there after every step.
+
+`--resume` continues from the newest checkpoint under <train.storage>/<run_name>/checkpoints: the
 learner's state, the step, the policy version and the evaluations so far; batches are a function of
 (seed, step), so the resumed run sees the data an unbroken one would.
 """
@@ -19,6 +23,7 @@ learner's state, the step, the policy version and the evaluations so far; batche
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import math
@@ -28,6 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cluster import storage
 from configs.schema import Config, SamplingConfig
 from jobs.cli import base_parser, setup, usage_error
 
@@ -36,17 +42,33 @@ log = logging.getLogger("mcprl.train")
 STAGES = ("base", "after warm start", "after GRPO")
 
 
-def run_dir_of(cfg: Config) -> Path:
-    return Path(cfg.train.output_dir) / cfg.run_name
+# What learners and the warm-start task write into storage themselves; the driver's mirror leaves them be.
+ACTOR_OUTPUTS = ("checkpoints", "sft", "final_adapter")
 
 
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest complete checkpoint (folders are renamed into place only when complete)."""
-    found = []
-    for p in (run_dir / "checkpoints").glob("step_*"):
-        if p.is_dir() and p.name[5:].isdigit():
-            found.append((int(p.name[5:]), p))
-    return max(found)[1] if found else None
+def run_location(cfg: Config) -> str:
+    """Where this run's outputs go: <train.storage>/<run_name>, an absolute path or a URI."""
+    return storage.join(storage.resolve(cfg.train.storage), cfg.run_name)
+
+
+def driver_folder(run: str) -> Path:
+    """The driver's local folder for `run`: the run folder itself on a path, else a cache folder."""
+    if not storage.is_uri(run):
+        return Path(run)
+    from actors.models import default_cache_dir
+
+    return default_cache_dir() / "runs" / f"{storage.name(run)}-{hashlib.sha1(run.encode()).hexdigest()[:12]}"
+
+
+def latest_checkpoint(run: str) -> str | None:
+    """The newest complete checkpoint of `run`: step_N with its meta.json, which is written last."""
+    folder = storage.join(run, "checkpoints")
+    names = storage.list_names(folder)
+    for step in sorted((int(n[5:]) for n in names if n.startswith("step_") and n[5:].isdigit()), reverse=True):
+        ckpt = storage.join(folder, f"step_{step}")
+        if storage.exists(storage.join(ckpt, "meta.json")):
+            return ckpt
+    return None
 
 
 def step_seed(cfg: Config, step: int, salt: int = 0) -> int | None:
@@ -75,10 +97,12 @@ def to_samples(trajs: list[Any], advantages: list[float]) -> list[dict[str, Any]
 class Driver:
     """Owns the run's actors and state; `run()` is the whole job."""
 
-    def __init__(self, cfg: Config, pf: Any, run_dir: Path, resume: bool) -> None:
+    def __init__(self, cfg: Config, pf: Any, run: str, resume: bool) -> None:
         self.cfg = cfg
         self.pf = pf
-        self.run_dir = run_dir
+        self.run = run
+        self.run_dir = driver_folder(run)
+        self.mirror = storage.Mirror(self.run_dir, run)
         self.resume = resume
         self.version = 0
         self.step = 0
@@ -102,12 +126,18 @@ class Driver:
 
         cfg = self.cfg
         t_start = time.perf_counter()
+        if not self.mirror.in_place:  # a fresh local copy: of the stored run's small files on resume
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+            if self.resume:
+                self.mirror.pull(skip=ACTOR_OUTPUTS)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        ckpt = latest_checkpoint(self.run_dir) if self.resume else None
+        ckpt = latest_checkpoint(self.run) if self.resume else None
         if self.resume and ckpt is None:
-            log.warning("--resume: no checkpoint under %s; starting from scratch", self.run_dir / "checkpoints")
+            log.warning(
+                "--resume: no checkpoint under %s; starting from scratch", storage.join(self.run, "checkpoints")
+            )
         if ckpt is not None:  # the steps after the checkpoint are redone: their old log lines go
-            self.tracker = Tracker(cfg, self.run_dir, resume=True, start_step=int(ckpt.name[5:]) + 1)
+            self.tracker = Tracker(cfg, self.run_dir, resume=True, start_step=int(storage.name(ckpt)[5:]) + 1)
         else:
             self.tracker = Tracker(cfg, self.run_dir)
         (self.run_dir / "config.json").write_text(json.dumps(cfg.model_dump(mode="json"), indent=2))
@@ -122,20 +152,20 @@ class Driver:
         await self.rollout.start()
 
         learner_cfg = cfg
-        warm = self.run_dir / "sft"
+        warm = storage.join(self.run, "sft")
         if ckpt is None and cfg.sft_warmup.enabled and cfg.finetune.mode == "lora":
             await self._evaluate("base")
             learner_cfg = await self._warm_start(warm)
-        elif ckpt is not None and (warm / "adapter_config.json").is_file():
+        elif ckpt is not None and storage.exists(storage.join(warm, "adapter_config.json")):
             learner_cfg = cfg.model_copy(deep=True)  # the same learner as before (its KL reference included)
-            learner_cfg.finetune.init_adapter = str(warm)
+            learner_cfg.finetune.init_adapter = warm
         print(f"starting the learner group ({cfg.learner.workers} worker(s))", flush=True)
         self.learner = LearnerGroup(learner_cfg)
         info = await asyncio.to_thread(self.learner.start)
         log.info("learner: %s", info)
 
         if ckpt is not None:
-            extra = await asyncio.to_thread(self.learner.load_checkpoint, str(ckpt))
+            extra = await asyncio.to_thread(self.learner.load_checkpoint, ckpt)
             self.step, self.version = int(extra["step"]), int(extra["version"])
             self.evals = dict(extra.get("evals", {}))
             print(f"resumed from {ckpt} at step {self.step} (policy v{self.version})", flush=True)
@@ -176,6 +206,7 @@ class Driver:
 
                 self.tracker.log_table(self.step, "trajectories", sample_rows(trajs, cfg.logging.sample_trajectories))
             self.tracker.write(self.tracker.summary_line(self.step, metrics))
+            await asyncio.to_thread(self.mirror.push)
             if cfg.train.checkpoint_every and self.step % cfg.train.checkpoint_every == 0:
                 await self._checkpoint()
         if pending is not None:
@@ -186,8 +217,9 @@ class Driver:
         await self._evaluate("after GRPO" if cfg.sft_warmup.enabled else "final")
         adapter = None
         if cfg.finetune.mode == "lora":
-            adapter = self.run_dir / "final_adapter"
-            await asyncio.to_thread(self.learner.save_adapter, str(adapter))
+            stored = storage.join(self.run, "final_adapter")
+            await asyncio.to_thread(self.learner.save_adapter, stored)
+            adapter = await asyncio.to_thread(storage.fetch, stored)  # the report and W&B read it here
             self.tracker.log_artifact(adapter, f"{cfg.run_name}-adapter", "lora_adapter")
         from jobs.report import write_report
 
@@ -195,7 +227,11 @@ class Driver:
         extra: dict[str, Any] = {"health": self.health, "wall_time_s": wall, "steps": self.step}
         extra.update(await self._judge_counts())
         report = write_report(self.run_dir, self.tracker.history(), self.evals, adapter=adapter, extra=extra)
-        return {"report": report, "evals": self.evals, "wall_time_s": wall, "adapter": adapter}
+        if self.tracker is not None:
+            self.tracker.finish()  # W&B's files are complete only now
+        await asyncio.to_thread(self.mirror.push)
+        report_at = storage.join(self.run, storage.name(str(report))) if not self.mirror.in_place else str(report)
+        return {"report": report_at, "evals": self.evals, "wall_time_s": wall, "adapter": adapter}
 
     async def close(self) -> None:
         from serve_apps.tool_pool import undeploy_pool
@@ -218,6 +254,10 @@ class Driver:
             undeploy_pool(self.pool)
         if self.tracker is not None:
             self.tracker.finish()
+        try:  # whatever the driver wrote before a failure reaches storage too
+            await asyncio.to_thread(self.mirror.push)
+        except Exception as e:
+            log.warning("pushing the driver's files to %s failed: %s", self.run, e)
 
     # ------------------------------------------------------------------ pieces
 
@@ -319,7 +359,7 @@ class Driver:
         refs = await asyncio.to_thread(self.learner.export_weights_refs)
         return await self.rollout.push_weights(version, refs)
 
-    async def _warm_start(self, out: Path) -> Config:
+    async def _warm_start(self, out: str) -> Config:
         """Train the warm start in a one-worker Ray task and start the learner group from its adapter."""
         import ray
 
@@ -328,7 +368,7 @@ class Driver:
         cfg = self.cfg
         print(f"warm start: {cfg.sft_warmup.steps} SFT steps on expert trajectories", flush=True)
         task = ray.remote(num_cpus=cfg.learner.num_cpus_per_worker, num_gpus=cfg.learner.num_gpus_per_worker)(_sft_task)
-        result = await task.remote(cfg, self.pf.train_rows, str(out), run_sft)
+        result = await task.remote(cfg, self.pf.train_rows, out, run_sft)
         self.tracker.log(0, {"sft/final_loss": result["losses"][-1], "sft/tokens_per_s": result["tokens_per_s"]})
         print(
             f"warm start done: loss {result['losses'][0]:.3f} → {result['losses'][-1]:.3f}, "
@@ -336,7 +376,7 @@ class Driver:
             flush=True,
         )
         learner_cfg = cfg.model_copy(deep=True)
-        learner_cfg.finetune.init_adapter = str(result["adapter"])
+        learner_cfg.finetune.init_adapter = out
         return learner_cfg
 
     async def _eval_metrics(self) -> dict[str, Any]:
@@ -359,15 +399,18 @@ class Driver:
         )
 
     async def _checkpoint(self) -> None:
-        folder = self.run_dir / "checkpoints" / f"step_{self.step}"
+        folder = storage.join(self.run, "checkpoints", f"step_{self.step}")
         extra = {"step": self.step, "version": self.version, "evals": self.evals}
-        await asyncio.to_thread(self.learner.save_checkpoint, str(folder), extra)
+        await asyncio.to_thread(self.learner.save_checkpoint, folder, extra)
+        await asyncio.to_thread(self.mirror.push)  # the metrics that go with it
         log.info("checkpoint: %s", folder)
 
 
 def _sft_task(cfg: Config, rows: list[dict[str, Any]], out: str, run_sft: Any) -> dict[str, Any]:
-    result = run_sft(cfg, rows, out, progress=False)
-    result["adapter"] = str(result["adapter"])
+    """On whichever node Ray picks: train into a local folder, then put the adapter into storage."""
+    with storage.staged(out) as local:
+        result = run_sft(cfg, rows, local, progress=False)
+    result["adapter"] = out
     return result
 
 
@@ -411,13 +454,14 @@ def main(argv: list[str] | None = None) -> None:
         return
     from cluster.ray_env import ray_session
 
-    run_dir = run_dir_of(cfg)
-    if latest_checkpoint(run_dir) is not None and not (args.resume or args.fresh):
-        usage_error(f"{run_dir} already holds checkpoints: add --resume, or --fresh to start over")
-    if not args.resume and run_dir.exists():
-        shutil.rmtree(run_dir)  # a fresh run leaves nothing from an earlier, checkpoint-less one
+    run = run_location(cfg)
+    if latest_checkpoint(run) is not None and not (args.resume or args.fresh):
+        usage_error(f"{run} already holds checkpoints: add --resume, or --fresh to start over")
+    if not args.resume and storage.exists(run):
+        storage.delete(run)  # a fresh run leaves nothing from an earlier, checkpoint-less one
+    print(f"outputs: {run}", flush=True)
     with ray_session(cfg.cluster):
-        driver = Driver(cfg, pf, run_dir, args.resume)
+        driver = Driver(cfg, pf, run, args.resume)
 
         async def go() -> dict[str, Any]:
             try:

@@ -24,15 +24,15 @@ TIMEOUT_S = 420
 ENV = {**os.environ, "WANDB_MODE": "offline", "WANDB_API_KEY": ""}
 
 
-def train_cmd(tmp: Path, data: Path, *extra: str) -> list[str]:
+def train_cmd(tmp: Path, data: Path, *extra: str, store: str | None = None) -> list[str]:
     return [
         sys.executable,
         "-m",
         "jobs.train",
         "--config",
-        "configs/ci-tiny.yaml",
+        str(ROOT / "configs" / "ci-tiny.yaml"),
         "--set",
-        f"train.output_dir={tmp / 'runs'}",
+        f"train.storage={store or tmp / 'runs'}",
         "--set",
         f"data.train={data / 'tasks.train.jsonl'}",
         "--set",
@@ -45,10 +45,16 @@ def train_cmd(tmp: Path, data: Path, *extra: str) -> list[str]:
 
 
 def train(
-    tmp: Path, *extra: str, data: Path | None = None, check: bool = True, env: dict[str, str] | None = None
+    tmp: Path,
+    *extra: str,
+    data: Path | None = None,
+    check: bool = True,
+    env: dict[str, str] | None = None,
+    store: str | None = None,
+    cwd: Path = ROOT,
 ) -> subprocess.CompletedProcess:
-    cmd = train_cmd(tmp, data or tmp / "data", *extra)
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S, env={**ENV, **(env or {})})
+    cmd = train_cmd(tmp, data or tmp / "data", *extra, store=store)
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=TIMEOUT_S, env={**ENV, **(env or {})})
     if check and proc.returncode != 0:
         tail = f"--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-6000:]}"
         raise AssertionError(f"exit {proc.returncode}\n{tail}")
@@ -105,28 +111,43 @@ def test_two_steps_write_checkpoints_metrics_wandb_and_a_report(unbroken: Path) 
 
 
 def test_kill_and_resume_ends_where_an_unbroken_run_ends(unbroken: Path, tmp_path: Path) -> None:
-    data = unbroken.parent.parent / "data"  # same task files as the unbroken run
-    run_dir = tmp_path / "runs" / "ci-tiny"
-    proc = subprocess.Popen(
-        train_cmd(tmp_path, data, "--run"),
-        cwd=ROOT,
-        env=ENV,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    deadline = time.monotonic() + TIMEOUT_S
-    try:
-        while not (run_dir / "checkpoints" / "step_1").is_dir():
-            assert proc.poll() is None, "the run ended before its first checkpoint"
-            assert time.monotonic() < deadline, "no checkpoint in time"
-            time.sleep(0.5)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the driver and the embedded Ray it started, all at once
-        proc.wait()
-    assert not (run_dir / "checkpoints" / "step_2").exists(), "killed too late to test a resume"
+    """Outputs in S3 (a real S3 API on loopback): the run is killed after its first checkpoint and
+    resumed from another working directory; nothing it needs was on the first one's disk."""
+    from cluster import storage
+    from tests.s3_server import BUCKET, s3_env
 
-    train(tmp_path, "--run", "--resume", data=data)
+    data = unbroken.parent.parent / "data"  # same task files as the unbroken run
+    store = f"s3://{BUCKET}/runs"
+    run = storage.join(store, "ci-tiny")
+    with s3_env() as s3:
+        first, second = tmp_path / "first", tmp_path / "second"
+        first.mkdir()
+        second.mkdir()
+        env = {**ENV, **s3, "MCPRL_CACHE": str(tmp_path / "cache-first"), "PYTHONPATH": str(ROOT)}
+        proc = subprocess.Popen(
+            train_cmd(tmp_path, data, "--run", store=store),
+            cwd=first,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + TIMEOUT_S
+        try:
+            while not storage.exists(storage.join(run, "checkpoints", "step_1", "meta.json")):
+                assert proc.poll() is None, "the run ended before its first checkpoint"
+                assert time.monotonic() < deadline, "no checkpoint in time"
+                time.sleep(0.5)
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)  # the driver and the embedded Ray it started, all at once
+            proc.wait()
+        assert not storage.exists(storage.join(run, "checkpoints", "step_2")), "killed too late to test a resume"
+        assert not list(first.iterdir()), "the run wrote into its working directory"
+
+        env2 = {**s3, "MCPRL_CACHE": str(tmp_path / "cache-second"), "PYTHONPATH": str(ROOT)}
+        train(tmp_path, "--run", "--resume", data=data, store=store, cwd=second, env=env2)
+        run_dir = storage.download(run, tmp_path / "downloaded")
+    assert (run_dir / "report" / "summary.md").is_file()
     for key in ("train/policy_loss", "rollout/episode_reward", "train/grad_norm"):
         assert step_metrics(run_dir, 2)[key] == pytest.approx(step_metrics(unbroken, 2)[key], rel=1e-5, abs=1e-7)
     a = load_file(str(unbroken / "final_adapter" / "adapter_model.safetensors"))
