@@ -432,6 +432,12 @@ class LearnerConfig(Strict):
     reference_ema: float = Field(0.99, gt=0, lt=1, description="ema: ref = a*ref + (1-a)*policy each step.")
     reference_cpu_offload: bool = Field(False, description="full mode: keep the frozen reference on CPU.")
     optim: OptimConfig = Field(default_factory=OptimConfig)
+    max_restarts: int = Field(
+        1,
+        ge=0,
+        description="Times a run rebuilds its learner group after a worker died, from the last checkpoint (the "
+        "steps after it are run again); past that, or with no checkpoint yet, it stops and prints the resume command.",
+    )
 
 
 class DataConfig(Strict):

@@ -14,6 +14,10 @@ again, then runs GRPO and evaluates at the end: the report shows the three stage
 `--resume` continues from the newest checkpoint under <train.output_dir>/<run_name>/checkpoints: the
 learner's state, the step, the policy version and the evaluations so far; batches are a function of
 (seed, step), so the resumed run sees the data an unbroken one would.
+
+A learner worker that dies fails its step: the driver rebuilds the learner group from the newest
+checkpoint and runs the steps after it again (at most `learner.max_restarts` times); with no checkpoint
+yet, or the tries spent, it stops (exit 1) and prints the command that resumes the run.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import asyncio
 import json
 import logging
 import math
+import shlex
 import shutil
 import sys
 import time
@@ -34,6 +39,7 @@ from jobs.cli import base_parser, setup, usage_error
 log = logging.getLogger("mcprl.train")
 
 STAGES = ("base", "after warm start", "after GRPO")
+RESUME_HINT = "Resume the run from its newest checkpoint with:\n  "
 
 
 def run_dir_of(cfg: Config) -> Path:
@@ -47,6 +53,18 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
         if p.is_dir() and p.name[5:].isdigit():
             found.append((int(p.name[5:]), p))
     return max(found)[1] if found else None
+
+
+def resume_command(config: str | None, overrides: list[str]) -> str:
+    """The command line that continues this run from its newest checkpoint."""
+    args = ["python", "-m", "jobs.train"] + (["--config", config] if config else [])
+    for item in overrides:
+        args += ["--set", item]
+    return shlex.join([*args, "--run", "--resume"])
+
+
+class RunStopped(RuntimeError):
+    """The run cannot go on in this process; the message says why and how to resume it."""
 
 
 def step_seed(cfg: Config, step: int, salt: int = 0) -> int | None:
@@ -75,11 +93,14 @@ def to_samples(trajs: list[Any], advantages: list[float]) -> list[dict[str, Any]
 class Driver:
     """Owns the run's actors and state; `run()` is the whole job."""
 
-    def __init__(self, cfg: Config, pf: Any, run_dir: Path, resume: bool) -> None:
+    def __init__(self, cfg: Config, pf: Any, run_dir: Path, resume: bool, resume_cmd: str | None = None) -> None:
+        """`resume_cmd`: what the user runs to resume (printed when the run must stop; see resume_command)."""
         self.cfg = cfg
         self.pf = pf
         self.run_dir = run_dir
         self.resume = resume
+        self.resume_cmd = resume_cmd or resume_command("<your config>", [])
+        self.learner_restarts = 0
         self.version = 0
         self.step = 0
         self.evals: dict[str, dict[str, Any]] = {}
@@ -93,7 +114,7 @@ class Driver:
     # ------------------------------------------------------------------ the job
 
     async def run(self) -> dict[str, Any]:
-        from cluster.learner_group import LearnerGroup
+        from cluster.learner_group import LearnerDied, LearnerGroup
         from cluster.rollout_group import RolloutGroup
         from grpo.health import HealthMonitor
         from jobs.tracking import Tracker
@@ -160,7 +181,12 @@ class Driver:
                 pending = None
                 if cfg.rollout.overlap and step + 1 < cfg.train.steps:
                     pending = asyncio.ensure_future(self._rollout(sampler.batch(step + 1), step + 1))
-            metrics = await self._train_on(trajs, sampler.batch(step))
+            try:
+                metrics = await self._train_on(trajs, sampler.batch(step))
+            except LearnerDied as e:
+                await self._rebuild_learner(e, pending)
+                pending = None
+                continue
             metrics["timing/step_s"] = time.perf_counter() - t0
             findings = monitor.check(step + 1, {k.split("/", 1)[-1]: v for k, v in metrics.items()})
             for f in findings:
@@ -177,7 +203,11 @@ class Driver:
                 self.tracker.log_table(self.step, "trajectories", sample_rows(trajs, cfg.logging.sample_trajectories))
             self.tracker.write(self.tracker.summary_line(self.step, metrics))
             if cfg.train.checkpoint_every and self.step % cfg.train.checkpoint_every == 0:
-                await self._checkpoint()
+                try:
+                    await self._checkpoint()
+                except LearnerDied as e:
+                    await self._rebuild_learner(e, pending)
+                    pending = None
         if pending is not None:
             pending.cancel()
 
@@ -220,6 +250,32 @@ class Driver:
             self.tracker.finish()
 
     # ------------------------------------------------------------------ pieces
+
+    async def _rebuild_learner(self, error: Exception, pending: asyncio.Future | None) -> None:
+        """A learner worker died and the step failed: start the group again, load the newest checkpoint and
+        rewind to its step (`pending`, an overlapped rollout of a later step, is cancelled). RunStopped, with
+        the resume command, when `learner.max_restarts` is spent or there is no checkpoint yet."""
+        if pending is not None:
+            pending.cancel()
+        budget = self.cfg.learner.max_restarts
+        ckpt = latest_checkpoint(self.run_dir)
+        if ckpt is None or self.learner_restarts >= budget:
+            why = "no checkpoint to rebuild it from yet" if ckpt is None else f"learner.max_restarts ({budget}) spent"
+            raise RunStopped(f"{error}; {why}. {RESUME_HINT}{self.resume_cmd}")
+        self.learner_restarts += 1
+        log.warning("%s: rebuilding the learner group from %s (%d of %d)", error, ckpt, self.learner_restarts, budget)
+        try:
+            await asyncio.to_thread(self.learner.restart)
+            extra = await asyncio.to_thread(self.learner.load_checkpoint, str(ckpt))
+            self.step, self.evals = int(extra["step"]), dict(extra.get("evals", {}))
+            # Engines serve only newer versions: the checkpoint's policy comes back under a new one.
+            self.version += 1
+            await self._push(self.version)
+        except Exception as e:
+            raise RunStopped(
+                f"{error}; rebuilding the learner group failed: {e}. {RESUME_HINT}{self.resume_cmd}"
+            ) from e
+        print(f"learner group rebuilt from {ckpt}: running again from step {self.step + 1}", flush=True)
 
     def _deploy_judge(self) -> None:
         if self.cfg.reward.backend == "heuristic":
@@ -409,6 +465,7 @@ def main(argv: list[str] | None = None) -> None:
     if not args.run:
         print("preflight passed; add --run to train")
         return
+    from cluster.learner_group import LearnerDied
     from cluster.ray_env import ray_session
 
     run_dir = run_dir_of(cfg)
@@ -416,8 +473,9 @@ def main(argv: list[str] | None = None) -> None:
         usage_error(f"{run_dir} already holds checkpoints: add --resume, or --fresh to start over")
     if not args.resume and run_dir.exists():
         shutil.rmtree(run_dir)  # a fresh run leaves nothing from an earlier, checkpoint-less one
+    resume_cmd = resume_command(args.config, args.overrides)
     with ray_session(cfg.cluster):
-        driver = Driver(cfg, pf, run_dir, args.resume)
+        driver = Driver(cfg, pf, run_dir, args.resume, resume_cmd)
 
         async def go() -> dict[str, Any]:
             try:
@@ -425,7 +483,12 @@ def main(argv: list[str] | None = None) -> None:
             finally:
                 await driver.close()
 
-        result = asyncio.run(go())
+        try:
+            result = asyncio.run(go())
+        except (RunStopped, LearnerDied) as e:  # LearnerDied here: outside the steps, nothing to rebuild
+            message = str(e) if isinstance(e, RunStopped) else f"{e}. {RESUME_HINT}{resume_cmd}"
+            print(f"error: {message}", file=sys.stderr)
+            sys.exit(1)  # leaving the session stops the embedded Ray
     stages = ", ".join(f"{stage} {e['success_rate']:.1%}" for stage, e in result["evals"].items())
     if stages:
         print(f"success rate on held-out tasks: {stages}")
