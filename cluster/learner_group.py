@@ -13,6 +13,10 @@
   roles engine, runner, learner). The actors stay non-detached (they die with the driver), and a name is
   unique within a Ray namespace: a second live run with the same run_name in the same namespace fails to
   start, with an error naming the actor (`start_named`), instead of sharing or replacing the first's.
+- Faults: a call whose worker died raises `LearnerDied`, naming the rank, as soon as that worker is gone
+  (the other ranks may be stuck in a collective waiting for it: they are not waited for). The group is
+  then unusable; `restart()` starts it again from scratch (the driver then loads its last checkpoint:
+  jobs/train.py, `learner.max_restarts`).
 """
 
 from __future__ import annotations
@@ -22,13 +26,22 @@ import tempfile
 import uuid
 from typing import Any
 
-from cluster.ray_env import actor_name, remote_class, start_named
+from cluster.ray_env import actor_name, remote_class, start_named, wait_name_free
 from configs.schema import Config
 
 log = logging.getLogger(__name__)
 
 _PLACEMENT_TIMEOUT_S = 900.0  # GPU nodes of an autoscaling cluster take minutes to join
 _PLACEMENT_LOG_S = 30.0
+_NAME_FREE_TIMEOUT_S = 30.0  # a killed actor's name is freed once the GCS has marked it dead
+
+
+class LearnerDied(RuntimeError):
+    """A learner worker died (killed, out of memory, node lost) during a call; names the rank and the call."""
+
+    def __init__(self, message: str, rank: int) -> None:
+        super().__init__(message)
+        self.rank = rank
 
 
 class LearnerGroup:
@@ -102,6 +115,15 @@ class LearnerGroup:
         log.info("learner group: %d worker(s) on %d node(s): %s", n, len(nodes), self.info)
         return self.info
 
+    def restart(self) -> dict[str, Any]:
+        """Kill what is left of the group and start it again, from the model (and `finetune.init_adapter`)
+        as at the first start: load a checkpoint next. Returns rank 0's `Learner.setup()` info."""
+        names = [actor_name(self.cfg.run_name, "learner", i) for i in range(len(self.actors))]
+        self.shutdown()
+        for name in names:  # the new actors take the same names
+            wait_name_free(name, _NAME_FREE_TIMEOUT_S)
+        return self.start()
+
     def shutdown(self) -> None:
         """Kill the actors and remove the placement group (safe to call twice)."""
         import ray
@@ -131,14 +153,12 @@ class LearnerGroup:
 
     def score(self, samples: list[dict[str, Any]]) -> list[list[float]]:
         """The policy's logprob of every response token of each sample, in the order given (no update)."""
-        import ray
-
         from grpo.batch import shard
 
         self._require_started()
         parts = shard(samples, len(self.actors))
-        results = ray.get(
-            [a.score.remote([samples[i] for i in idx]) for a, idx in zip(self.actors, parts, strict=True)]
+        results = self._get(
+            [a.score.remote([samples[i] for i in idx]) for a, idx in zip(self.actors, parts, strict=True)], "score"
         )
         out: list[list[float]] = [[] for _ in samples]
         for idx, rows in zip(parts, results, strict=True):
@@ -147,8 +167,6 @@ class LearnerGroup:
         return out
 
     def _split_call(self, method: str, samples: list[Any]) -> dict[str, float]:
-        import ray
-
         from grpo.batch import shard
 
         self._require_started()
@@ -156,30 +174,32 @@ class LearnerGroup:
             raise ValueError(f"LearnerGroup.{method}: empty batch")
         parts = shard(samples, len(self.actors))
         refs = [getattr(a, method).remote([samples[i] for i in idx]) for a, idx in zip(self.actors, parts, strict=True)]
-        return ray.get(refs)[0]  # reduced over ranks inside the learners: rank 0's are everyone's
+        return self._get(refs, method)[0]  # reduced over ranks inside the learners: rank 0's are everyone's
 
     # ------------------------------------------------------------------ export and checkpoints
 
     def export_adapter_ref(self) -> Any:
         """ObjectRef of rank 0's adapter (one safetensors blob, see actors.learner.pack_adapter), stored once."""
-        import ray
-
         self._require_started()
         refs = [a.export_adapter.remote() for a in self.actors]
-        ray.get(refs[1:])  # the others return None; waiting surfaces their errors (rank 0's: when resolved)
-        ray.wait(refs[:1], fetch_local=False)
+        # The others return None; waiting surfaces their errors (rank 0's: when resolved). Rank 0 answers
+        # the ping only after its export: a worker that died exporting is LearnerDied here, not a broken ref.
+        self._get([self.actors[0].__ray_ready__.remote(), *refs[1:]], "export_adapter")
         return refs[0]
 
     def export_weights_refs(self, max_chunk_bytes: int = 256 << 20) -> list[Any]:
         """ObjectRefs of the weight chunks (full fine-tune), each stored once, in order."""
-        import ray
+        from ray.exceptions import RayActorError
 
         self._require_started()
         others = [a.export_weights.remote(max_chunk_bytes) for a in self.actors[1:]]
         stream = self.actors[0].iter_weights.options(num_returns="streaming").remote(max_chunk_bytes)
-        refs = list(stream)  # each yielded chunk is its own object
-        ray.get(others)
-        ray.get(refs[-1:])  # a failed generator surfaces here
+        try:
+            refs = list(stream)  # each yielded chunk is its own object
+        except RayActorError as e:
+            raise self._died(0, "export_weights", e) from e
+        last = refs[-1:]  # a failed generator surfaces here
+        self._get([*last, *others], "export_weights", ranks=[0] * len(last) + list(range(1, len(self.actors))))
         return refs
 
     def save_adapter(self, folder: str) -> None:
@@ -192,10 +212,28 @@ class LearnerGroup:
         return self._all("load_checkpoint", folder)
 
     def _all(self, method: str, *args: Any) -> Any:
-        import ray
-
         self._require_started()
-        return ray.get([getattr(a, method).remote(*args) for a in self.actors])[0]
+        return self._get([getattr(a, method).remote(*args) for a in self.actors], method)[0]
+
+    def _get(self, refs: list[Any], method: str, ranks: list[int] | None = None) -> list[Any]:
+        """`ray.get(refs)`, refs[i] from rank `ranks[i]` (default: i), raising LearnerDied as soon as one
+        worker is found dead: the others may wait for it in a collective forever."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        rank_of = dict(zip(refs, ranks if ranks is not None else range(len(refs)), strict=True))
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1, fetch_local=False)
+            try:
+                ray.get(done)
+            except RayActorError as e:
+                raise self._died(rank_of[done[0]], method, e) from e
+        return ray.get(list(refs))
+
+    def _died(self, rank: int, method: str, error: BaseException) -> LearnerDied:
+        name = actor_name(self.cfg.run_name, "learner", rank)
+        return LearnerDied(f"learner worker {rank} ({name}) died during {method}: {type(error).__name__}", rank)
 
     def _require_started(self) -> None:
         if not self.actors:

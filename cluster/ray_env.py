@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -59,6 +60,22 @@ def start_named(actor_class: Any, name: str, options: dict[str, Any], *args: Any
             f"Ray actor name {name!r} is taken in namespace {namespace!r}: another run with this run_name is "
             "live there. Stop it, or give this run another run_name (or cluster.namespace)"
         ) from None
+
+
+def wait_name_free(name: str, timeout_s: float) -> None:
+    """Wait until no live actor holds `name` (the GCS frees a killed actor's name once it has marked it
+    dead); RuntimeError naming the actor past `timeout_s`."""
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            ray.get_actor(name)
+        except ValueError:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{name}: the name is still taken {timeout_s:.0f} s after killing it")
+        time.sleep(0.1)
 
 
 @functools.cache

@@ -59,7 +59,7 @@ from typing import Any
 
 from actors.engine_api import EngineError, EngineUnavailable, Generation
 from actors.trajectory import Trajectory
-from cluster.ray_env import actor_name, remote_class, start_named
+from cluster.ray_env import actor_name, remote_class, start_named, wait_name_free
 from configs.schema import Config, SamplingConfig
 
 log = logging.getLogger(__name__)
@@ -438,15 +438,10 @@ class RolloutGroup:
 
         name = actor_name(self.cfg.run_name, role, index)
         ray.kill(old, no_restart=True)
-        deadline = time.monotonic() + NAME_FREE_TIMEOUT_S
-        while True:  # the GCS frees the name once it has marked the old actor dead
-            try:
-                ray.get_actor(name)
-            except ValueError:
-                break
-            if time.monotonic() > deadline:
-                raise RolloutGroupError(f"{name}: the name is still taken {NAME_FREE_TIMEOUT_S:.0f} s after killing it")
-            await asyncio.sleep(0.1)
+        try:
+            await asyncio.to_thread(wait_name_free, name, NAME_FREE_TIMEOUT_S)
+        except RuntimeError as e:
+            raise RolloutGroupError(str(e)) from None
         return start_named(remote_class(cls), name, options, *args)
 
     async def _restart_dead_engines(self) -> list[int]:

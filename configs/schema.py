@@ -46,7 +46,9 @@ class Deployment(Strict):
         256, ge=1, description="Stateful servers: episodes whose state is kept at once; the oldest is dropped beyond."
     )
     max_retries: int = Field(2, ge=0, description="Retries for retryable faults (upstream 5xx/429, network).")
-    retry_backoff_s: float = Field(0.2, ge=0, description="First backoff; doubles on each retry.")
+    retry_backoff_s: float = Field(
+        0.2, ge=0, description="Wait before the first retry; doubles on each (cap 30 s, jittered: cluster/retry.py)."
+    )
     rate_limit_per_s: float | None = Field(
         None, gt=0, description="Calls per second for the whole service, split evenly across replicas."
     )
@@ -430,6 +432,12 @@ class LearnerConfig(Strict):
     reference_ema: float = Field(0.99, gt=0, lt=1, description="ema: ref = a*ref + (1-a)*policy each step.")
     reference_cpu_offload: bool = Field(False, description="full mode: keep the frozen reference on CPU.")
     optim: OptimConfig = Field(default_factory=OptimConfig)
+    max_restarts: int = Field(
+        1,
+        ge=0,
+        description="Times a run rebuilds its learner group after a worker died, from the last checkpoint (the "
+        "steps after it are run again); past that, or with no checkpoint yet, it stops and prints the resume command.",
+    )
 
 
 class DataConfig(Strict):

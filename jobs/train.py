@@ -18,6 +18,10 @@ its own small files in a local folder and pushes them there after every step.
 `--resume` continues from the newest checkpoint under <train.storage>/<run_name>/checkpoints: the
 learner's state, the step, the policy version and the evaluations so far; batches are a function of
 (seed, step), so the resumed run sees the data an unbroken one would.
+
+A learner worker that dies fails its step: the driver rebuilds the learner group from the newest
+checkpoint and runs the steps after it again (at most `learner.max_restarts` times); with no checkpoint
+yet, or the tries spent, it stops (exit 1) and prints the command that resumes the run.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import hashlib
 import json
 import logging
 import math
+import shlex
 import shutil
 import sys
 import time
@@ -40,6 +45,7 @@ from jobs.cli import base_parser, setup, usage_error
 log = logging.getLogger("mcprl.train")
 
 STAGES = ("base", "after warm start", "after GRPO")
+RESUME_HINT = "Resume the run from its newest checkpoint with:\n  "
 
 
 # What learners and the warm-start task write into storage themselves; the driver's mirror leaves them be.
@@ -71,6 +77,18 @@ def latest_checkpoint(run: str) -> str | None:
     return None
 
 
+def resume_command(config: str | None, overrides: list[str]) -> str:
+    """The command line that continues this run from its newest checkpoint."""
+    args = ["python", "-m", "jobs.train"] + (["--config", config] if config else [])
+    for item in overrides:
+        args += ["--set", item]
+    return shlex.join([*args, "--run", "--resume"])
+
+
+class RunStopped(RuntimeError):
+    """The run cannot go on in this process; the message says why and how to resume it."""
+
+
 def step_seed(cfg: Config, step: int, salt: int = 0) -> int | None:
     """Sampling seed of one step's rollouts: the runner derives one per episode and turn from it."""
     base = cfg.rollout.sampling.seed
@@ -97,13 +115,16 @@ def to_samples(trajs: list[Any], advantages: list[float]) -> list[dict[str, Any]
 class Driver:
     """Owns the run's actors and state; `run()` is the whole job."""
 
-    def __init__(self, cfg: Config, pf: Any, run: str, resume: bool) -> None:
+    def __init__(self, cfg: Config, pf: Any, run: str, resume: bool, resume_cmd: str | None = None) -> None:
+        """`resume_cmd`: what the user runs to resume (printed when the run must stop; see resume_command)."""
         self.cfg = cfg
         self.pf = pf
         self.run = run
         self.run_dir = driver_folder(run)
         self.mirror = storage.Mirror(self.run_dir, run)
         self.resume = resume
+        self.resume_cmd = resume_cmd or resume_command("<your config>", [])
+        self.learner_restarts = 0
         self.version = 0
         self.step = 0
         self.evals: dict[str, dict[str, Any]] = {}
@@ -117,7 +138,7 @@ class Driver:
     # ------------------------------------------------------------------ the job
 
     async def run(self) -> dict[str, Any]:
-        from cluster.learner_group import LearnerGroup
+        from cluster.learner_group import LearnerDied, LearnerGroup
         from cluster.rollout_group import RolloutGroup
         from grpo.health import HealthMonitor
         from jobs.tracking import Tracker
@@ -190,7 +211,12 @@ class Driver:
                 pending = None
                 if cfg.rollout.overlap and step + 1 < cfg.train.steps:
                     pending = asyncio.ensure_future(self._rollout(sampler.batch(step + 1), step + 1))
-            metrics = await self._train_on(trajs, sampler.batch(step))
+            try:
+                metrics = await self._train_on(trajs, sampler.batch(step))
+            except LearnerDied as e:
+                await self._rebuild_learner(e, pending)
+                pending = None
+                continue
             metrics["timing/step_s"] = time.perf_counter() - t0
             findings = monitor.check(step + 1, {k.split("/", 1)[-1]: v for k, v in metrics.items()})
             for f in findings:
@@ -208,7 +234,11 @@ class Driver:
             self.tracker.write(self.tracker.summary_line(self.step, metrics))
             await asyncio.to_thread(self.mirror.push)
             if cfg.train.checkpoint_every and self.step % cfg.train.checkpoint_every == 0:
-                await self._checkpoint()
+                try:
+                    await self._checkpoint()
+                except LearnerDied as e:
+                    await self._rebuild_learner(e, pending)
+                    pending = None
         if pending is not None:
             pending.cancel()
 
@@ -260,6 +290,32 @@ class Driver:
             log.warning("pushing the driver's files to %s failed: %s", self.run, e)
 
     # ------------------------------------------------------------------ pieces
+
+    async def _rebuild_learner(self, error: Exception, pending: asyncio.Future | None) -> None:
+        """A learner worker died and the step failed: start the group again, load the newest checkpoint and
+        rewind to its step (`pending`, an overlapped rollout of a later step, is cancelled). RunStopped, with
+        the resume command, when `learner.max_restarts` is spent or there is no checkpoint yet."""
+        if pending is not None:
+            pending.cancel()
+        budget = self.cfg.learner.max_restarts
+        ckpt = latest_checkpoint(self.run)
+        if ckpt is None or self.learner_restarts >= budget:
+            why = "no checkpoint to rebuild it from yet" if ckpt is None else f"learner.max_restarts ({budget}) spent"
+            raise RunStopped(f"{error}; {why}. {RESUME_HINT}{self.resume_cmd}")
+        self.learner_restarts += 1
+        log.warning("%s: rebuilding the learner group from %s (%d of %d)", error, ckpt, self.learner_restarts, budget)
+        try:
+            await asyncio.to_thread(self.learner.restart)
+            extra = await asyncio.to_thread(self.learner.load_checkpoint, ckpt)
+            self.step, self.evals = int(extra["step"]), dict(extra.get("evals", {}))
+            # Engines serve only newer versions: the checkpoint's policy comes back under a new one.
+            self.version += 1
+            await self._push(self.version)
+        except Exception as e:
+            raise RunStopped(
+                f"{error}; rebuilding the learner group failed: {e}. {RESUME_HINT}{self.resume_cmd}"
+            ) from e
+        print(f"learner group rebuilt from {ckpt}: running again from step {self.step + 1}", flush=True)
 
     def _deploy_judge(self) -> None:
         if self.cfg.reward.backend == "heuristic":
@@ -452,6 +508,7 @@ def main(argv: list[str] | None = None) -> None:
     if not args.run:
         print("preflight passed; add --run to train")
         return
+    from cluster.learner_group import LearnerDied
     from cluster.ray_env import ray_session
 
     run = run_location(cfg)
@@ -460,8 +517,9 @@ def main(argv: list[str] | None = None) -> None:
     if not args.resume and storage.exists(run):
         storage.delete(run)  # a fresh run leaves nothing from an earlier, checkpoint-less one
     print(f"outputs: {run}", flush=True)
+    resume_cmd = resume_command(args.config, args.overrides)
     with ray_session(cfg.cluster):
-        driver = Driver(cfg, pf, run, args.resume)
+        driver = Driver(cfg, pf, run, args.resume, resume_cmd)
 
         async def go() -> dict[str, Any]:
             try:
@@ -469,7 +527,12 @@ def main(argv: list[str] | None = None) -> None:
             finally:
                 await driver.close()
 
-        result = asyncio.run(go())
+        try:
+            result = asyncio.run(go())
+        except (RunStopped, LearnerDied) as e:  # LearnerDied here: outside the steps, nothing to rebuild
+            message = str(e) if isinstance(e, RunStopped) else f"{e}. {RESUME_HINT}{resume_cmd}"
+            print(f"error: {message}", file=sys.stderr)
+            sys.exit(1)  # leaving the session stops the embedded Ray
     stages = ", ".join(f"{stage} {e['success_rate']:.1%}" for stage, e in result["evals"].items())
     if stages:
         print(f"success rate on held-out tasks: {stages}")

@@ -25,6 +25,7 @@ import sys
 import time
 from typing import Any
 
+from cluster.retry import REPLICA_RETRY_WAIT_S, RetryPolicy, retry_async
 from configs.loader import SECRET_ENV_VARS
 from configs.schema import HttpConfig, JudgeConfig, RewardConfig
 from envs.judge import Judge, JudgeLike, check_rubric, infra_fault_result
@@ -97,13 +98,19 @@ class JudgeHandle:
         """The replica's answer; None when replicas keep dying (retried first: Serve routes elsewhere)."""
         from ray.exceptions import RayActorError
 
-        for attempt in range(self.retries + 1):
-            try:
-                return await getattr(self.handle, method).remote(*args)
-            except RayActorError as e:
-                log.warning("judge replica died (%s), attempt %d/%d", type(e).__name__, attempt + 1, self.retries + 1)
-                await asyncio.sleep(0.2 * 2**attempt)
-        return None
+        policy = RetryPolicy(self.retries, REPLICA_RETRY_WAIT_S)
+
+        def died(attempt: int, _wait: float, e: BaseException) -> None:
+            log.warning("judge replica died (%s), attempt %d/%d", type(e).__name__, attempt, policy.attempts)
+
+        async def once(_: int) -> dict[str, Any] | None:
+            return await getattr(self.handle, method).remote(*args)
+
+        try:
+            return await retry_async(once, policy, retry_exc=lambda e: isinstance(e, RayActorError), on_retry=died)
+        except RayActorError as e:
+            died(policy.attempts, 0.0, e)
+            return None
 
     async def score(
         self,

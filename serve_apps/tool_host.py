@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
+from cluster.retry import RetryPolicy, retry_async
 from configs.schema import Deployment
 from mcp_servers.episodes import EpisodeStates, current_episode, end_episode_hook
 from mcp_servers.errors import INFRA_KINDS, ErrorKind, ToolFault
@@ -184,6 +185,7 @@ class ToolHost:
         self.probe = probe
         self.cfg = cfg
         self.limiter = RateLimiter(cfg.rate_limit_per_s / replicas) if cfg.rate_limit_per_s else None
+        self.retry_policy = RetryPolicy(cfg.max_retries, cfg.retry_backoff_s)
         self._tools: list[dict[str, Any]] | None = None
 
     async def open(self, episode_id: str | None = None) -> None:
@@ -207,7 +209,6 @@ class ToolHost:
         result says what went wrong."""
         start = time.perf_counter()
         timeout = self.timeout_for(tool)
-        attempt = 0
         try:  # opening (a new episode's process, say) is not the call's time: bounded on its own
             await self.open(episode_id)
         except Exception as e:
@@ -216,8 +217,9 @@ class ToolHost:
                 self.name, tool, False, f"Error ({kind}): {message}", None, kind, message,
                 latency_ms=(time.perf_counter() - start) * 1e3,
             )  # fmt: skip
-        while True:
-            attempt += 1
+
+        async def once(attempt: int) -> tuple[ToolCallResult, bool]:
+            """One try: (the result, whether its failure is worth another try)."""
             try:
                 if not isinstance(arguments, dict | None):
                     raise TypeError("arguments must be a JSON object")
@@ -228,7 +230,7 @@ class ToolHost:
                 return ToolCallResult(
                     self.name, tool, True, text, structured,
                     latency_ms=(time.perf_counter() - start) * 1e3, attempts=attempt,
-                )  # fmt: skip
+                ), False  # fmt: skip
             except TimeoutError:
                 message = f"{self.name}.{tool} timed out after {timeout:g} s"
                 kind, retryable = "timeout", False
@@ -236,13 +238,15 @@ class ToolHost:
                 kind, message, retryable = "invalid_arguments", str(e), False
             except Exception as e:
                 kind, message, retryable = classify(e)
-            if not retryable or attempt > self.cfg.max_retries:
-                log.debug("%s.%s failed (%s): %s", self.name, tool, kind, message)
-                return ToolCallResult(
-                    self.name, tool, False, f"Error ({kind}): {message}", None, kind, message,
-                    latency_ms=(time.perf_counter() - start) * 1e3, attempts=attempt,
-                )  # fmt: skip
-            await asyncio.sleep(self.cfg.retry_backoff_s * 2 ** (attempt - 1))
+            return ToolCallResult(
+                self.name, tool, False, f"Error ({kind}): {message}", None, kind, message,
+                latency_ms=(time.perf_counter() - start) * 1e3, attempts=attempt,
+            ), retryable  # fmt: skip
+
+        result, _ = await retry_async(once, self.retry_policy, retry_result=lambda outcome: outcome[1])
+        if not result.ok:
+            log.debug("%s.%s failed (%s): %s", self.name, tool, result.error_kind, result.error)
+        return result
 
     async def end_episode(self, episode_id: str) -> None:
         """Drop the episode's state (idempotent); ToolPoolTimeout past close_timeout_s."""

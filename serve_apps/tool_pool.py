@@ -41,6 +41,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from cluster.retry import REPLICA_RETRY_WAIT_S, RetryPolicy, retry_async
 from configs.schema import Deployment, ExternalServer, ToolsConfig
 from mcp_servers import build_server, health_probe
 from mcp_servers.errors import UnknownTool
@@ -314,6 +315,7 @@ class ServeToolPool(ToolPool):
         self.handles = handles
         self.base_url = base_url
         self.retries = retries
+        self.retry_policy = RetryPolicy(retries, REPLICA_RETRY_WAIT_S)
         self.timeouts = timeouts or {}
 
     def _cfg(self, server: str) -> Deployment:
@@ -333,18 +335,18 @@ class ServeToolPool(ToolPool):
         # The replica bounds the call itself; this looser bound covers a replica that never answers at all.
         cfg = self._cfg(server)
         limit = cfg.open_timeout_s + max([cfg.timeout_s, *cfg.tool_timeouts.values()]) * (cfg.max_retries + 1) + 30
-        for attempt in range(self.retries + 1):
-            try:
-                answer = await bounded(server, "call_tool", handle.call_tool.remote(tool, arguments, episode_id), limit)
-                return ToolCallResult.from_dict(answer)
-            except ToolPoolTimeout as e:
-                return ToolCallResult(server, tool, False, f"Error (unavailable): {e}", None, "unavailable", str(e))
-            except RayActorError as e:  # the replica died under us: Serve routes the retry elsewhere
-                if attempt == self.retries:
-                    msg = f"replica of {server!r} died and retries ran out: {type(e).__name__}"
-                    return ToolCallResult(server, tool, False, f"Error (unavailable): {msg}", None, "unavailable", msg)
-                await asyncio.sleep(0.2 * 2**attempt)
-        raise AssertionError("unreachable")
+
+        async def once(_: int) -> ToolCallResult:
+            answer = await bounded(server, "call_tool", handle.call_tool.remote(tool, arguments, episode_id), limit)
+            return ToolCallResult.from_dict(answer)
+
+        try:  # a replica that died under us is retried: Serve routes the retry elsewhere
+            return await retry_async(once, self.retry_policy, retry_exc=lambda e: isinstance(e, RayActorError))
+        except ToolPoolTimeout as e:
+            return ToolCallResult(server, tool, False, f"Error (unavailable): {e}", None, "unavailable", str(e))
+        except RayActorError as e:
+            msg = f"replica of {server!r} died and retries ran out: {type(e).__name__}"
+            return ToolCallResult(server, tool, False, f"Error (unavailable): {msg}", None, "unavailable", msg)
 
     async def list_tools(self) -> dict[str, list[dict[str, Any]]]:
         names = list(self.handles)

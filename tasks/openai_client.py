@@ -8,8 +8,9 @@ as a dict that matches `json_schema`, through either API:
 
 What it adds around the `openai` SDK:
 - bounded concurrency: at most `cfg.concurrency` requests in flight;
-- retries with exponential backoff on 429, 5xx, timeouts and connection errors only (the SDK's own
-  retries are off, so there is one policy and it is counted here);
+- retries (`cluster.retry`: exponential backoff with jitter, at least a server's Retry-After) on 429,
+  5xx, timeouts and connection errors only (the SDK's own retries are off, so there is one policy and
+  it is counted here);
 - a disk cache: one file per (model, backend, messages, schema, temperature, sample index), written
   atomically, so a rerun of the same generation sends no request and costs nothing;
 - a running count of the tokens spent (cache hits cost 0), `usage()`;
@@ -27,7 +28,6 @@ import hashlib
 import json
 import logging
 import os
-import random
 import re
 import tempfile
 from dataclasses import asdict, dataclass
@@ -36,6 +36,7 @@ from types import TracebackType
 from typing import Any, Literal
 from urllib.parse import urlparse
 
+from cluster.retry import RetryPolicy, retry_async
 from configs.schema import OpenAIConfig
 
 log = logging.getLogger(__name__)
@@ -61,14 +62,26 @@ class MissingAPIKey(OpenAIClientError):
 class RequestFailed(OpenAIClientError):
     """The API call failed: not retryable, or still failing after the retries.
 
-    `kind`: rate_limit | server | timeout | connection | auth | bad_request | other.
+    `kind`: rate_limit | server | timeout | connection | auth | bad_request | other. `attempts`: how many
+    requests were made; `retryable`: whether the last failure was of a kind worth another try.
     """
 
-    def __init__(self, message: str, kind: str, status: int | None = None, attempts: int = 1) -> None:
+    def __init__(
+        self,
+        message: str,
+        kind: str,
+        status: int | None = None,
+        attempts: int = 1,
+        *,
+        retryable: bool = False,
+        retry_after_s: float | None = None,
+    ) -> None:
         super().__init__(message)
         self.kind = kind
         self.status = status
         self.attempts = attempts
+        self.retryable = retryable  # another try may succeed (429, 5xx, timeout, connection)
+        self.retry_after_s = retry_after_s  # the server's Retry-After, when it sent one
 
     @property
     def fatal(self) -> bool:
@@ -199,6 +212,7 @@ class StructuredClient:
         self.cfg = cfg
         self.base_url = cfg.base_url or OPENAI_BASE_URL
         self.backoff_s = backoff_s
+        self.retry_policy = RetryPolicy(cfg.max_retries, backoff_s, max_wait_s=BACKOFF_CAP_S)
         self.max_output_tokens = max_output_tokens
         self.cache_dir = default_cache_dir(cfg) if use_cache else None
         self._usage = Usage()
@@ -269,31 +283,35 @@ class StructuredClient:
     async def _request_with_retries(
         self, system: str, user: str, schema_name: str, json_schema: dict[str, Any]
     ) -> _Answer:
-        attempt = 0
-        while True:
-            attempt += 1
+        async def once(attempt: int) -> _Answer:
             try:
                 async with self._slots:
                     return await self._request(system, user, schema_name, json_schema)
-            except Exception as e:  # classified right below; anything not from the API is re-raised
+            except Exception as e:  # classified right here; anything not from the API is re-raised
                 kind, status, retryable, retry_after = _classify(e)
                 if kind is None:
                     raise
-                if not retryable or attempt > self.cfg.max_retries:
-                    tries = f" after {attempt} attempts" if attempt > 1 else ""
-                    raise RequestFailed(
-                        f"{self.cfg.backend} request to {self.base_url} failed{tries}: {kind}"
-                        f"{f' (HTTP {status})' if status else ''}: {_short(e, self._secret)}",
-                        kind, status, attempt,
-                    ) from None  # fmt: skip
-                wait = min(BACKOFF_CAP_S, self.backoff_s * 2 ** (attempt - 1)) * (0.5 + random.random() / 2)
-                if retry_after is not None:
-                    wait = max(wait, min(retry_after, BACKOFF_CAP_S))
-                self._usage.retries += 1
-                log.info(
-                    "openai %s (%s), retry %d/%d in %.2fs", kind, status or "-", attempt, self.cfg.max_retries, wait
-                )
-                await asyncio.sleep(wait)
+                tries = f" after {attempt} attempts" if attempt > 1 else ""
+                raise RequestFailed(
+                    f"{self.cfg.backend} request to {self.base_url} failed{tries}: {kind}"
+                    f"{f' (HTTP {status})' if status else ''}: {_short(e, self._secret)}",
+                    kind, status, attempt, retryable=retryable, retry_after_s=retry_after,
+                ) from None  # fmt: skip
+
+        def counted(attempt: int, wait: float, failure: RequestFailed) -> None:
+            self._usage.retries += 1
+            log.info(
+                "openai %s (%s), retry %d/%d in %.2fs",
+                failure.kind, failure.status or "-", attempt, self.cfg.max_retries, wait,
+            )  # fmt: skip
+
+        return await retry_async(
+            once,
+            self.retry_policy,
+            retry_exc=lambda e: isinstance(e, RequestFailed) and e.retryable,
+            at_least_s=lambda e: getattr(e, "retry_after_s", None),
+            on_retry=counted,
+        )
 
     async def _request(self, system: str, user: str, schema_name: str, json_schema: dict[str, Any]) -> _Answer:
         cfg = self.cfg

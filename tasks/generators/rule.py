@@ -63,6 +63,7 @@ from dataclasses import dataclass, field
 from datetime import date, timedelta
 from typing import Any
 
+from cluster.retry import RetryPolicy, retry_async
 from configs.schema import Complexity, Config
 from tasks.generators.options import GenerateOptions, GenerationError
 from tasks.generators.splits import assign_templates, check_splits, row_quotas
@@ -89,7 +90,7 @@ CONCURRENCY = 8  # rows built at once (the python sandbox serializes its own cal
 MAX_ATTEMPTS_PER_ROW = 6  # draws per wanted row before a split stops short (small template spaces)
 # Failures of the machine, not of the task: the call is repeated, so a busy machine does not change the rows.
 TRANSIENT = frozenset({"timeout", "sandbox", "unavailable", "upstream"})
-TRANSIENT_RETRIES = 3
+TRANSIENT_RETRY = RetryPolicy(retries=3, first_wait_s=0.2)
 
 
 class Skip(Exception):
@@ -161,13 +162,14 @@ class Ctx:
         self.steps: list[dict[str, Any]] = []
 
     async def call(self, server: str, tool: str, **params: Any) -> Any:
-        for attempt in range(TRANSIENT_RETRIES + 1):
+
+        async def once(_: int) -> Any:
             # One python program at a time: queued calls would spend their timeout waiting for the sandbox.
             async with self.world.python_slot if server == "python" else contextlib.nullcontext():
-                res = await self.pool.call_tool(server, tool, dict(params))
-            if res.ok or res.error_kind not in TRANSIENT:
-                break
-            await asyncio.sleep(0.2 * 2**attempt)  # a loaded machine, not a bad task: the same call again
+                return await self.pool.call_tool(server, tool, dict(params))
+
+        # A loaded machine, not a bad task: the same call again.
+        res = await retry_async(once, TRANSIENT_RETRY, retry_result=lambda r: not r.ok and r.error_kind in TRANSIENT)
         if not res.ok:
             raise Skip(f"{server}.{tool} failed: {res.error_kind}: {res.error}")
         self.steps.append({"step": len(self.steps) + 1, "server": server, "tool": tool, "params": dict(params)})
