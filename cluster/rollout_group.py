@@ -69,6 +69,10 @@ WARMUP_PROMPT = [1, 2, 3]  # valid ids in any vocabulary; the answer is thrown a
 ENGINE_MAX_CONCURRENCY = 10_000  # generate calls in flight per engine actor (Ray's async default is 1000)
 SHUTDOWN_TIMEOUT_S = 60.0
 NAME_FREE_TIMEOUT_S = 30.0  # a killed actor's name is freed once the GCS has marked it dead
+# Runner stats that add up across runners (rates too: the runners play their shares side by side).
+SUMMED_RUNNER_STATS = (
+    "episodes", "done", "running", "failed", "restarts", "generated_tokens", "tokens_per_s", "episodes_per_s",
+)  # fmt: skip
 
 
 class RolloutGroupError(RuntimeError):
@@ -656,17 +660,7 @@ class RolloutGroup:
             if s is None:
                 self.dead.add(i)
             engines.append(s if s is not None else {"dead": True})
-        keys = (
-            "episodes",
-            "done",
-            "running",
-            "failed",
-            "restarts",
-            "generated_tokens",
-            "tokens_per_s",
-            "episodes_per_s",
-        )
-        total = {k: sum(r.get(k, 0) for r in runners) for k in keys}
+        total = {k: sum(r.get(k, 0) for r in runners) for k in SUMMED_RUNNER_STATS}
         total["turns_played"] = self.turns_played
         return {**total, "runners": runners, "engines": engines, "dead_engines": sorted(self.dead)}
 
