@@ -59,6 +59,7 @@ from typing import Any
 
 from actors.engine_api import EngineError, EngineUnavailable, Generation
 from actors.trajectory import Trajectory
+from cluster.metrics import ENGINE_POLICY_VERSION, metrics_run, record
 from cluster.ray_env import actor_name, remote_class, start_named, wait_name_free
 from configs.schema import Config, SamplingConfig
 
@@ -68,6 +69,10 @@ WARMUP_PROMPT = [1, 2, 3]  # valid ids in any vocabulary; the answer is thrown a
 ENGINE_MAX_CONCURRENCY = 10_000  # generate calls in flight per engine actor (Ray's async default is 1000)
 SHUTDOWN_TIMEOUT_S = 60.0
 NAME_FREE_TIMEOUT_S = 30.0  # a killed actor's name is freed once the GCS has marked it dead
+# Runner stats that add up across runners (rates too: the runners play their shares side by side).
+SUMMED_RUNNER_STATS = (
+    "episodes", "done", "running", "failed", "restarts", "generated_tokens", "tokens_per_s", "episodes_per_s",
+)  # fmt: skip
 
 
 class RolloutGroupError(RuntimeError):
@@ -115,10 +120,18 @@ def describe(error: BaseException) -> str:
 class EngineHost:
     """One rollout engine inside a Ray actor (plain class; `ray.remote` is applied in RolloutGroup)."""
 
-    def __init__(self, cfg: Config) -> None:
+    def __init__(self, cfg: Config, index: int = 0) -> None:
+        """`index`: the engine's id in the group (its `engine` tag on the dashboard)."""
         self.cfg = cfg
+        self.index = index
         self.engine: Any = None
         self.placement: dict[str, Any] = {}
+        self.metrics_run = metrics_run(cfg)
+
+    def _report_version(self) -> None:
+        """The policy version gauge of this engine (the dashboard's per-engine view of weight syncs)."""
+        if self.metrics_run is not None:
+            record(ENGINE_POLICY_VERSION, self.version(), run=self.metrics_run, engine=str(self.index))
 
     def node(self) -> str:
         import ray
@@ -146,6 +159,7 @@ class EngineHost:
         await self.engine.start()
         placement["start_s"] = time.monotonic() - t0
         self.placement = placement
+        self._report_version()
         return placement
 
     async def generate(self, prompt_token_ids: list[int], sampling: SamplingConfig) -> Generation:
@@ -157,13 +171,17 @@ class EngineHost:
         """Load the adapter (resolved by Ray from the pushed object ref); seconds spent loading."""
         t0 = time.monotonic()
         await self.engine.load_adapter(version, adapter)
-        return time.monotonic() - t0
+        elapsed = time.monotonic() - t0
+        self._report_version()
+        return elapsed
 
     async def update_weights(self, version: int, chunk_refs: list[Any]) -> float:
         """Replace the weights from object refs of {name: tensor} chunks, fetched one at a time."""
         t0 = time.monotonic()
         await self.engine.update_weights(version, chunk_refs)  # ObjectRefs are awaitable: awaited in turn
-        return time.monotonic() - t0
+        elapsed = time.monotonic() - t0
+        self._report_version()
+        return elapsed
 
     def version(self) -> int:
         return self.engine.version() if self.engine is not None else -1
@@ -289,7 +307,7 @@ class RolloutGroup:
         try:
             for i in range(r.engines):  # one at a time: a failed start shuts down those already started
                 name = actor_name(self.cfg.run_name, "engine", i)
-                self.engines.append(start_named(remote_class(EngineHost), name, self._engine_options(), self.cfg))
+                self.engines.append(start_named(remote_class(EngineHost), name, self._engine_options(), self.cfg, i))
             # Engines sharing a node share its cores: rank them per node before they start.
             nodes = await self._within(
                 asyncio.gather(*(h.node.remote() for h in self.engines)),
@@ -468,7 +486,7 @@ class RolloutGroup:
     async def _restart_engine(self, i: int) -> None:
         from ray.exceptions import RayActorError
 
-        handle = await self._start_again("engine", i, self.engines[i], EngineHost, self._engine_options(), self.cfg)
+        handle = await self._start_again("engine", i, self.engines[i], EngineHost, self._engine_options(), self.cfg, i)
         try:
             k, n = self.ranks[i]
             placement = await self._within(handle.start.remote(k, n), f"restarting engine {i}")
@@ -637,8 +655,7 @@ class RolloutGroup:
             if s is None:
                 self.dead.add(i)
             engines.append(s if s is not None else {"dead": True})
-        keys = ("episodes", "done", "running", "failed", "restarts", "generated_tokens", "tokens_per_s")
-        total = {k: sum(r.get(k, 0) for r in runners) for k in keys}
+        total = {k: sum(r.get(k, 0) for r in runners) for k in SUMMED_RUNNER_STATS}
         total["turns_played"] = self.turns_played
         return {**total, "runners": runners, "engines": engines, "dead_engines": sorted(self.dead)}
 

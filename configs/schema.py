@@ -489,7 +489,11 @@ class LoggingConfig(Strict):
     )
     wandb_project: str = "mcprl"
     sample_trajectories: int = Field(4, ge=0, description="Trajectories logged as a W&B table per step.")
-    ray_metrics: bool = Field(True, description="Export key figures as Ray metrics (dashboard).")
+    ray_metrics: bool = Field(
+        True,
+        description="Export Ray metrics tagged run=<run_name> (cluster/metrics.py lists them): the driver's step "
+        "figures, each engine's policy version, tool latency and errors; cluster/grafana/mcprl.json plots them.",
+    )
 
 
 # --------------------------------------------------------------------------- model, cluster

@@ -77,11 +77,12 @@ def read_adapter(folder: str | Path) -> dict[str, Any]:
 async def run(cfg: Any, rows: list[dict[str, Any]], adapter: str | None) -> dict[str, Any]:
     import ray
 
+    from cluster.metrics import metrics_run
     from cluster.rollout_group import RolloutGroup
     from jobs.train import greedy
     from serve_apps.tool_pool import deploy_pool, undeploy_pool
 
-    pool = deploy_pool(cfg.tools)
+    pool = deploy_pool(cfg.tools, metrics_run(cfg))
     rollout = RolloutGroup(cfg, pool)
     try:
         await rollout.start()

@@ -12,6 +12,7 @@ import threading
 
 from rich.console import Console
 
+from cluster.metrics import metrics_run
 from cluster.ray_env import ray_session
 from jobs.cli import base_parser, setup, usage_error
 from serve_apps.tool_pool import ServeToolPool, deploy_pool, server_specs, undeploy_apps, undeploy_pool
@@ -35,7 +36,7 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with ray_session(cfg.cluster):
         try:
-            pool = deploy_pool(cfg.tools)
+            pool = deploy_pool(cfg.tools, metrics_run(cfg))
         except ValueError as e:
             usage_error(str(e))
         except KeyboardInterrupt:  # Ctrl-C while Serve is still bringing replicas up

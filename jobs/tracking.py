@@ -11,10 +11,10 @@
   masked by `configs.loader.redact`). Its id is kept in `run_dir/wandb_id`, so `resume=True`
   continues the same W&B run. An online start that fails falls back to offline (with a warning):
   a tracking service must not stop training.
-- Ray metrics (`cfg.logging.ray_metrics`, and only when Ray is up): one `ray.util.metrics.Gauge`
-  per key, named `mcprl_<key>` with every character outside [a-zA-Z0-9_:] turned into `_`
-  (`rollout/episode_reward` → `mcprl_rollout_episode_reward`), tagged `run=<run_name>`, set to the
-  latest value: the Ray dashboard's Metrics view (Prometheus/Grafana) plots them.
+- Ray metrics (`cfg.logging.ray_metrics`, and only when Ray is up): the step figures that
+  `cluster.metrics.STEP_FIGURES` defines (`rollout/episode_reward` → gauge
+  `mcprl_rollout_episode_reward`), tagged `run=<run_name>`, set to the latest value: the Ray
+  dashboard's Metrics view and cluster/grafana/mcprl.json plot them. NaN/inf are not exported.
 - Console: `phase(name, total)` shows a tqdm bar on stderr when it is a terminal and records the
   phase's wall time; `summary_line(step, metrics)` is the one line per step; `write(line)` prints
   it without breaking open bars.
@@ -41,6 +41,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from cluster.metrics import record_step
 from configs.loader import redact
 from configs.schema import Config
 
@@ -49,18 +50,9 @@ log = logging.getLogger(__name__)
 METRICS_FILE = "metrics.jsonl"
 WANDB_ID_FILE = "wandb_id"
 TABLES_DIR = "tables"
-RAY_METRIC_PREFIX = "mcprl_"
-
-# Gauges are registered with Ray once per process and name; later Trackers reuse them (tag run differs).
-_gauges: dict[str, Any] = {}
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def ray_metric_name(key: str) -> str:
-    """A metric key as a Ray metric name: `mcprl_` + the key with characters outside [a-zA-Z0-9_:] as `_`."""
-    return RAY_METRIC_PREFIX + re.sub(r"[^a-zA-Z0-9_:]", "_", key)
 
 
 def wandb_mode(setting: str, environ: Mapping[str, str] = os.environ) -> str | None:
@@ -316,22 +308,8 @@ class Tracker:
             self._failed_sinks.add(sink)
 
     def _set_gauges(self, record: Mapping[str, float]) -> None:
-        if not self.cfg.logging.ray_metrics:
-            return
-        import ray
-
-        if not ray.is_initialized():
-            return
-        from ray.util.metrics import Gauge
-
-        for key, value in record.items():
-            if not math.isfinite(value):
-                continue
-            name = ray_metric_name(key)
-            gauge = _gauges.get(name)
-            if gauge is None:
-                gauge = _gauges[name] = Gauge(name, description=f"mcprl {key}", tag_keys=("run",))
-            gauge.set(float(value), tags={"run": self.run_name})
+        if self.cfg.logging.ray_metrics:
+            record_step(self.run_name, record)
 
     def log_table(self, step: int, name: str, rows: list[dict[str, Any]]) -> None:
         """Rows (same keys, e.g. from `actors.rollout_metrics.sample_rows`) as a W&B table `name`,
@@ -461,4 +439,4 @@ class Tracker:
         self.finish(exit_code=0 if exc_type is None else 1)
 
 
-__all__ = ["Phase", "Tracker", "merge_by_step", "ray_metric_name", "wandb_mode", "wandb_offline_history"]
+__all__ = ["Phase", "Tracker", "merge_by_step", "wandb_mode", "wandb_offline_history"]

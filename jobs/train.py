@@ -139,6 +139,7 @@ class Driver:
 
     async def run(self) -> dict[str, Any]:
         from cluster.learner_group import LearnerDied, LearnerGroup
+        from cluster.metrics import metrics_run
         from cluster.rollout_group import RolloutGroup
         from grpo.health import HealthMonitor
         from jobs.tracking import Tracker
@@ -166,7 +167,7 @@ class Driver:
         sampler = TaskSampler(self.pf.train_rows, cfg.train.tasks_per_step, cfg.train.seed)
 
         print("deploying the MCP tool pool on Ray Serve", flush=True)
-        self.pool = deploy_pool(cfg.tools)
+        self.pool = deploy_pool(cfg.tools, metrics_run(cfg))
         self._deploy_judge()
         print(f"starting {cfg.rollout.engines} rollout engine(s) and {cfg.rollout.runners} runner(s)", flush=True)
         self.rollout = RolloutGroup(cfg, self.pool, judge=self._runner_judge())
@@ -359,8 +360,10 @@ class Driver:
         cfg = self.cfg
         metrics: dict[str, float] = {f"rollout/{k}": v for k, v in rollout_metrics(trajs).items()}
         stats = self.rollout.stats() if hasattr(self.rollout, "stats") else {}
-        if isinstance(stats, dict) and "tokens_per_s" in stats:
-            metrics["rollout/tokens_per_s"] = float(stats["tokens_per_s"])
+        if isinstance(stats, dict):
+            for key in ("tokens_per_s", "episodes_per_s"):
+                if key in stats:
+                    metrics[f"rollout/{key}"] = float(stats[key])
         kept = [t for t in trajs if not t.infra_fault]
         metrics["rollout/dropped_infra"] = float(len(trajs) - len(kept))
         if cfg.reward.backend == "group_judge":
@@ -509,6 +512,7 @@ def main(argv: list[str] | None = None) -> None:
         print("preflight passed; add --run to train")
         return
     from cluster.learner_group import LearnerDied
+    from cluster.metrics import dashboard_line, metrics_run
     from cluster.ray_env import ray_session
 
     run = run_location(cfg)
@@ -518,7 +522,8 @@ def main(argv: list[str] | None = None) -> None:
         storage.delete(run)  # a fresh run leaves nothing from an earlier, checkpoint-less one
     print(f"outputs: {run}", flush=True)
     resume_cmd = resume_command(args.config, args.overrides)
-    with ray_session(cfg.cluster):
+    with ray_session(cfg.cluster) as ray_handle:
+        print(dashboard_line(ray_handle.dashboard_url, metrics_run(cfg)), flush=True)
         driver = Driver(cfg, pf, run, args.resume, resume_cmd)
 
         async def go() -> dict[str, Any]:

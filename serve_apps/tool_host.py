@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
+from cluster.metrics import TOOL_ERRORS, TOOL_LATENCY, record
 from cluster.retry import RetryPolicy, retry_async
 from configs.schema import Deployment
 from mcp_servers.episodes import EpisodeStates, current_episode, end_episode_hook
@@ -178,9 +179,12 @@ class ToolHost:
         cfg: Deployment,
         replicas: int = 1,
         probe: Callable[[], Awaitable[str | None]] | None = None,
+        metrics_run: str | None = None,
     ) -> None:
-        """`probe`: a server's own health check, returning None when healthy or the reason it is not."""
+        """`probe`: a server's own health check, returning None when healthy or the reason it is not.
+        `metrics_run`: the run tag of the tool latency and error metrics (cluster.metrics); None = none."""
         self.name = name
+        self.metrics_run = metrics_run
         self.backend = backend
         self.probe = probe
         self.cfg = cfg
@@ -207,6 +211,20 @@ class ToolHost:
     ) -> ToolCallResult:
         """Call `tool` in this episode's state (None: shared); never raises for a tool's failure — the
         result says what went wrong."""
+        result = await self._call_tool(tool, arguments, episode_id)
+        if self.metrics_run is not None:
+            self._record(result)
+        return result
+
+    def _record(self, result: ToolCallResult) -> None:
+        # A name the model made up is not a tag value: one series per hallucination would have no bound.
+        tool = "(unknown)" if result.error_kind == "unknown_tool" else result.tool
+        tags = {"run": self.metrics_run, "server": self.name, "tool": tool}
+        record(TOOL_LATENCY, result.latency_ms / 1e3, **tags)
+        if not result.ok:
+            record(TOOL_ERRORS, 1, kind=result.error_kind or "unknown", **tags)
+
+    async def _call_tool(self, tool: str, arguments: dict[str, Any] | None, episode_id: str | None) -> ToolCallResult:
         start = time.perf_counter()
         timeout = self.timeout_for(tool)
         try:  # opening (a new episode's process, say) is not the call's time: bounded on its own

@@ -72,6 +72,7 @@ class ServerSpec:
     name: str
     cfg: Deployment
     external: bool = False
+    metrics_run: str | None = None  # the run tag of its tool metrics; None = no metrics
 
     @property
     def replicas(self) -> int:
@@ -79,10 +80,12 @@ class ServerSpec:
         return scaling.max_replicas if scaling else self.cfg.replicas
 
 
-def server_specs(cfg: ToolsConfig) -> list[ServerSpec]:
+def server_specs(cfg: ToolsConfig, metrics_run: str | None = None) -> list[ServerSpec]:
     """The enabled servers of a tools config, built-ins first."""
-    specs = [ServerSpec(name, getattr(cfg.servers, name)) for name in type(cfg.servers).model_fields]
-    specs += [ServerSpec(e.name, e, external=True) for e in cfg.external]
+    specs = [
+        ServerSpec(name, getattr(cfg.servers, name), metrics_run=metrics_run) for name in type(cfg.servers).model_fields
+    ]
+    specs += [ServerSpec(e.name, e, external=True, metrics_run=metrics_run) for e in cfg.external]
     return [s for s in specs if s.cfg.enabled]
 
 
@@ -118,7 +121,9 @@ def make_backend(spec: ServerSpec) -> ToolBackend:
 
 async def make_host(spec: ServerSpec) -> ToolHost:
     probe = None if spec.external else health_probe(spec.name, spec.cfg)
-    return ToolHost(spec.name, make_backend(spec), spec.cfg, replicas=spec.replicas, probe=probe)
+    return ToolHost(
+        spec.name, make_backend(spec), spec.cfg, replicas=spec.replicas, probe=probe, metrics_run=spec.metrics_run
+    )
 
 
 # --------------------------------------------------------------------------- in-process pool
@@ -367,8 +372,9 @@ class ServeToolPool(ToolPool):
         _log_end_faults(episode_id, names, outcomes)
 
 
-def deploy_pool(cfg: ToolsConfig) -> ServeToolPool:
-    """Deploy every enabled server as its own Serve application; Ray must be up already."""
+def deploy_pool(cfg: ToolsConfig, metrics_run: str | None = None) -> ServeToolPool:
+    """Deploy every enabled server as its own Serve application; Ray must be up already. `metrics_run`:
+    the replicas record tool latency and errors as Ray metrics tagged with this run (None: they don't)."""
     from ray import serve
 
     token = check_http_security(cfg)
@@ -379,7 +385,7 @@ def deploy_pool(cfg: ToolsConfig) -> ServeToolPool:
     host, port = _serving_address(cfg)
     if host not in LOOPBACK_HOSTS and not token:
         raise ValueError(f"Serve already listens on {host}:{port}, beyond loopback: the pool needs a bearer token")
-    specs = server_specs(cfg)
+    specs = server_specs(cfg, metrics_run)
     targets = [
         serve.RunTarget(_app_for(s, token), name=APP_PREFIX + s.name, route_prefix=f"/mcp/{s.name}") for s in specs
     ]

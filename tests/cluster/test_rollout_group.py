@@ -1,7 +1,8 @@
 """RolloutGroup on real local Ray: 2 HF engine actors (tiny-random) + 1 runner actor, the real env over
 the Serve tool pool (offline polygon server). Well-formed trajectories, the sampling override, a LoRA
 push through the object store, an engine actor killed mid-run (restarted at the current version), a
-runner actor killed mid-run (replaced, its tasks re-run), and the engine restart budget.
+runner actor killed mid-run (replaced, its tasks re-run), and the engine restart budget; the engines'
+policy versions on the node's metrics endpoint.
 
 Tests share one group and run in file order; the last ones kill actors.
 """
@@ -53,6 +54,7 @@ def row(i: int, max_turns: int = 2) -> dict[str, Any]:
 def group_config() -> Config:
     return Config.model_validate(
         {
+            "run_name": "rollout-group-test",  # its own `run` tag on the metrics endpoint
             "model": {"name": "tiny-random"},
             "finetune": {"mode": "lora", "lora": {"r": 8}},
             "rollout": {
@@ -205,6 +207,20 @@ async def test_push_adapter_through_the_object_store(group: RolloutGroup) -> Non
         await group.push_adapter(1, ref)
     with pytest.raises(TypeError, match="ObjectRef"):
         await group.push_adapter(2, make_adapter(seed=1))
+
+
+async def test_engines_export_their_policy_version(group: RolloutGroup) -> None:
+    """Each engine actor sets its version gauge after a load: the node's Prometheus endpoint shows v1 on both."""
+    from tests.prometheus import find, wait_for
+
+    assert group.versions() == [1, 1]  # pushed by the test above
+    run = group.cfg.run_name
+
+    def versions(samples: list) -> dict[str, float] | None:
+        found = {s.labels["engine"]: s.value for s in find(samples, "ray_mcprl_engine_policy_version", run=run)}
+        return found if found.get("0") == found.get("1") == 1 else None
+
+    assert await asyncio.to_thread(wait_for, versions, "engine policy versions v1") == {"0": 1, "1": 1}
 
 
 async def test_engine_killed_mid_run_every_episode_comes_back_once(group: RolloutGroup, tokenizer) -> None:

@@ -1,4 +1,5 @@
-"""Tracker: the metrics file and its history, resume, W&B offline (never online), Ray gauges, the console line."""
+"""Tracker: the metrics file and its history, resume, W&B offline (never online), the console line.
+(Its Ray metrics are read back from Prometheus in tests/cluster/test_metrics.py.)"""
 
 from __future__ import annotations
 
@@ -9,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from configs.schema import Config, HttpConfig, LoggingConfig, ToolsConfig
-from jobs import tracking
-from jobs.tracking import Tracker, ray_metric_name, wandb_mode, wandb_offline_history
+from jobs.tracking import Tracker, wandb_mode, wandb_offline_history
 
 
 def config(wandb: str = "off", ray_metrics: bool = False, run_name: str = "unit") -> Config:
@@ -161,16 +161,3 @@ def test_wandb_offline_run(tmp_path, offline_env):
         tr.log(1, {"rollout/episode_reward": 0.8})
     assert [h["step"] for h in lines(run_dir / "metrics.jsonl")] == [0, 0, 1]
     assert wandb_offline_history(run_dir)[-1]["rollout/episode_reward"] == 0.8
-
-
-def test_ray_gauges(tmp_path, ray_cluster):
-    assert ray_metric_name("rollout/episode_reward") == "mcprl_rollout_episode_reward"
-    assert ray_metric_name("finish/max-turns.x") == "mcprl_finish_max_turns_x"
-    with Tracker(config(ray_metrics=True, run_name="gauges"), tmp_path) as tr:
-        tr.log(0, {"episode_reward": 0.5, "grad_norm": float("nan")}, prefix="rollout/")
-        tr.log(1, {"episode_reward": 0.6}, prefix="rollout/")
-    assert "mcprl_rollout_episode_reward" in tracking._gauges
-    assert "mcprl_rollout_grad_norm" not in tracking._gauges  # NaN is not exported to Prometheus
-    with Tracker(config(ray_metrics=False), tmp_path / "b") as tr:
-        tr.log(0, {"only_here": 1.0})
-    assert "mcprl_only_here" not in tracking._gauges

@@ -74,7 +74,8 @@ def step_metrics(run_dir: Path, step: int) -> dict:
 @pytest.fixture(scope="module")
 def unbroken(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("unbroken")
-    train(tmp, "--run")
+    proc = train(tmp, "--run")
+    (tmp / "stdout.txt").write_text(proc.stdout)
     return tmp / "runs" / "ci-tiny"
 
 
@@ -101,6 +102,10 @@ def test_two_steps_write_checkpoints_metrics_wandb_and_a_report(unbroken: Path) 
         m = step_metrics(unbroken, step)
         for key in ("train/policy_loss", "train/kl", "train/grad_norm", "train/lr", "rollout/episode_reward"):
             assert key in m and m[key] == m[key], key  # present and not NaN
+        assert m["rollout/episodes_per_s"] > 0 and m["rollout/tokens_per_s"] > 0
+    # Where to watch it, printed once at start: ci-tiny has no dashboard, but exports its metrics.
+    stdout = (unbroken.parents[1] / "stdout.txt").read_text()
+    assert stdout.count('no Ray dashboard in this session; metrics: ray_mcprl_*{run="ci-tiny"}') == 1
     evals = [r for r in history(unbroken) if "eval/success_rate" in r]
     assert len(evals) == 3  # base, after the warm start, after GRPO
     summary = (unbroken / "report" / "summary.md").read_text()
