@@ -68,7 +68,7 @@ APP_PREFIX = "mcp-"
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 # API keys the live backends read; a replica gets only the one its server needs.
 LIVE_KEYS = {"polygon": "POLYGON_API_KEY", "fmp": "FMP_API_KEY", "tavily": "TAVILY_API_KEY", "slack": "SLACK_BOT_TOKEN"}
-REPLICA_COUNT_PERIOD_S = 5.0  # how often an autoscaled, rate-limited replica re-reads its deployment's replica count
+REPLICA_COUNT_PERIOD_S = 2.0  # how often an autoscaled, rate-limited replica re-reads its deployment's replica count
 
 
 @dataclass
