@@ -100,7 +100,10 @@ def test_the_launcher_node_types_hold_the_gpu_config(tmp_path: Path) -> None:
     cfg = load_config(ROOT / "configs/gpu-1.5b-lora.yaml")
     head = next(t for t in types if t.resources.get("CPU", 1) == 0)
     report = fit_roles(run_roles(cfg), ClusterView("aws", [NodeType("head", head.resources)], types))
-    assert report.ok and {f.role.name for f in report.fits if f.verdict == "must grow"} >= {"engines", "learner workers"}
+    assert report.ok and {f.role.name for f in report.fits if f.verdict == "must grow"} >= {
+        "engines",
+        "learner workers",
+    }
 
 
 def test_preflight_refuses_on_the_embedded_ray_naming_the_role_and_key() -> None:
