@@ -89,7 +89,7 @@ def fake_autoscaling_cluster(head_cpus: float, workers: dict[str, dict]) -> Iter
         f"--num-cpus={head_cpus:g}", f"--autoscaling-config={config}", "--include-dashboard=false",
         *(f"--{name}-port={free_port()}" for name in ports),
     ]  # fmt: skip
-    log = open(tmp / "head.log", "w")  # noqa: SIM115  (closed below, after the head is gone)
+    log = open(tmp / "head.log", "w")  # closed below, once the head is gone
     head = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         yield f"127.0.0.1:{port}"
