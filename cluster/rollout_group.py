@@ -62,7 +62,7 @@ from typing import Any
 from actors.engine_api import EngineError, EngineUnavailable, Generation
 from actors.trajectory import Trajectory
 from cluster.placement import wait_placed
-from cluster.ray_env import actor_name, remote_class, start_named
+from cluster.ray_env import actor_name, ensure_name_free, remote_class, start_named
 from configs.schema import Config, SamplingConfig
 
 log = logging.getLogger(__name__)
@@ -295,6 +295,7 @@ class RolloutGroup:
         try:
             for i in range(r.engines):
                 name = actor_name(self.cfg.run_name, "engine", i)
+                ensure_name_free(name)  # another live run of this name: say so, rather than wait for its resources
                 self.groups.append(placement_group([r.engine_resources.bundle()], strategy="PACK", name=name))
             what = (
                 f"{r.engines} engine(s) of {r.engine_resources.describe()} (rollout.engines, rollout.engine_resources)"
