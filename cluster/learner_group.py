@@ -1,6 +1,7 @@
 """The learner group on Ray: `learner.workers` Learner actors (actors/learner.py) in one placement group.
 
-- Placement: one bundle {"CPU": num_cpus_per_worker, "GPU": num_gpus_per_worker} per rank, PACK.
+- Placement: one bundle of `learner.worker_resources` (CPUs, GPUs, accelerator type, custom resources) per
+  rank, PACKed in one placement group: on one node when they fit, spread over the fewest nodes otherwise.
 - Rendezvous for torch.distributed: when every bundle sits on one node, a FileStore in that node's temp
   folder (gloo/NCCL then talk over loopback, and nothing listens on another interface: torch's TCPStore
   would bind all interfaces); across nodes, rank 0's node IP and a free port found there.
@@ -26,13 +27,12 @@ import tempfile
 import uuid
 from typing import Any
 
+from cluster.placement import wait_placed
 from cluster.ray_env import actor_name, remote_class, start_named, wait_name_free
 from configs.schema import Config
 
 log = logging.getLogger(__name__)
 
-_PLACEMENT_TIMEOUT_S = 900.0  # GPU nodes of an autoscaling cluster take minutes to join
-_PLACEMENT_LOG_S = 30.0
 _NAME_FREE_TIMEOUT_S = 30.0  # a killed actor's name is freed once the GCS has marked it dead
 
 
@@ -69,22 +69,14 @@ class LearnerGroup:
             raise RuntimeError("LearnerGroup.start: already started")
         ln = self.cfg.learner
         n = ln.workers
-        bundle = {"CPU": ln.num_cpus_per_worker}
-        if ln.num_gpus_per_worker > 0:
-            bundle["GPU"] = ln.num_gpus_per_worker
-        pg = placement_group([dict(bundle) for _ in range(n)], strategy="PACK", name=f"{self.cfg.run_name}-learners")
+        res = ln.worker_resources
+        pg = placement_group([res.bundle() for _ in range(n)], strategy="PACK", name=f"{self.cfg.run_name}-learners")
         self.placement_group = pg
-        ready = pg.ready()
-        waited = 0.0
-        while not ray.wait([ready], timeout=_PLACEMENT_LOG_S)[0]:  # an autoscaler may be adding nodes
-            waited += _PLACEMENT_LOG_S
-            if waited >= _PLACEMENT_TIMEOUT_S:
-                self.shutdown()
-                raise RuntimeError(
-                    f"learner: cannot place {n} worker(s) of {bundle} within {_PLACEMENT_TIMEOUT_S:.0f} s (cluster "
-                    f"has {ray.cluster_resources()}); lower learner.workers or num_cpus/num_gpus_per_worker"
-                )
-            log.info("learner: waiting for %d bundle(s) of %s (%.0f s so far)", n, bundle, waited)
+        try:
+            wait_placed([pg], f"{n} learner worker(s) of {res.describe()} (learner.workers, learner.worker_resources)")
+        except BaseException:
+            self.shutdown()
+            raise
 
         def strategy(i: int) -> PlacementGroupSchedulingStrategy:
             return PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=i)
@@ -100,11 +92,7 @@ class LearnerGroup:
         remote = remote_class(Learner)
         try:
             for i in range(n):  # one at a time: a failed start kills those already started
-                options = {
-                    "num_cpus": ln.num_cpus_per_worker,
-                    "num_gpus": ln.num_gpus_per_worker,
-                    "scheduling_strategy": strategy(i),
-                }
+                options = {**res.actor_options(), "scheduling_strategy": strategy(i)}
                 name = actor_name(self.cfg.run_name, "learner", i)
                 self.actors.append(start_named(remote, name, options, self.cfg, i, n, addr, port))
             infos = ray.get([a.setup.remote() for a in self.actors])

@@ -49,17 +49,33 @@ def actor_name(run_name: str, role: str, index: int) -> str:
 def start_named(actor_class: Any, name: str, options: dict[str, Any], *args: Any) -> Any:
     """`actor_class.options(name=name, **options).remote(*args)`, failing with a clear error when another live
     actor holds the name in this Ray namespace (another run with the same run_name)."""
-    import ray
     from ray.exceptions import ActorAlreadyExistsError
 
     try:
         return actor_class.options(name=name, **options).remote(*args)
     except ActorAlreadyExistsError:
-        namespace = ray.get_runtime_context().namespace
-        raise RuntimeError(
-            f"Ray actor name {name!r} is taken in namespace {namespace!r}: another run with this run_name is "
-            "live there. Stop it, or give this run another run_name (or cluster.namespace)"
-        ) from None
+        raise _name_taken(name) from None
+
+
+def ensure_name_free(name: str) -> None:
+    """Fail as `start_named` would, before reserving anything for the actor (a placement group)."""
+    import ray
+
+    try:
+        ray.get_actor(name)
+    except ValueError:
+        return
+    raise _name_taken(name)
+
+
+def _name_taken(name: str) -> RuntimeError:
+    import ray
+
+    namespace = ray.get_runtime_context().namespace
+    return RuntimeError(
+        f"Ray actor name {name!r} is taken in namespace {namespace!r}: another run with this run_name is "
+        "live there. Stop it, or give this run another run_name (or cluster.namespace)"
+    )
 
 
 def wait_name_free(name: str, timeout_s: float) -> None:

@@ -8,17 +8,19 @@
 
 Actors:
 - `EngineHost` (E of them): builds `make_engine(cfg)` inside the actor and starts it there, so the
-  model (and vLLM's engine-core process) lives with the actor. Resources from `cfg.rollout`
-  (`num_cpus_per_engine`, `num_gpus_per_engine`). On CPU, engines placed on the same node share its
-  cores: vLLM engine k of n gets its own slice in `VLLM_CPU_OMP_THREADS_BIND` (else every engine
-  pins its worker to CPU 0); an HF engine sets `torch.set_num_threads(cores // n)` (Ray sets
-  OMP_NUM_THREADS=1 for actors with fractional CPUs, which would leave torch on one thread).
-- `RunnerHost` (R of them): an `EpisodeRunner` over `RemoteEngine` wrappers of ALL engines, so
-  each runner routes episodes least-loaded across every engine and fails over when one dies. Its
-  environments reach the tools through the `ServeToolPool` given to the group and the judge through
-  the judge deployment's handle (Serve handles pickle); both are passed to the runner explicitly,
-  nothing is registered in module globals. With no judge given (an in-process judge does not
-  pickle), each runner builds its own from `reward.judge`.
+  model (and vLLM's engine-core process) lives with the actor. Each engine reserves
+  `rollout.engine_resources` in a placement group of its own (named like the actor): the group holds
+  the engine's node and resources, so an engine restarted after a crash comes back there, on the same
+  core slice, and a multi-GPU engine can later take several bundles. On CPU, engines placed on the
+  same node share its cores: vLLM engine k of n gets its own slice in `VLLM_CPU_OMP_THREADS_BIND`
+  (else every engine pins its worker to CPU 0); an HF engine sets `torch.set_num_threads(cores // n)`
+  (Ray sets OMP_NUM_THREADS=1 for actors with fractional CPUs, which would leave torch on one thread).
+- `RunnerHost` (R of them, each reserving `rollout.runner_resources`): an `EpisodeRunner` over
+  `RemoteEngine` wrappers of ALL engines, so each runner routes episodes least-loaded across every
+  engine and fails over when one dies. Its environments reach the tools through the `ServeToolPool`
+  given to the group and the judge through the judge deployment's handle (Serve handles pickle);
+  both are passed to the runner explicitly, nothing is registered in module globals. With no judge
+  given (an in-process judge does not pickle), each runner builds its own from `reward.judge`.
 
 Weights travel through the object store once: the driver `ray.put`s an adapter (or weight chunks)
 and every engine reads the same object. `push_adapter` passes the ref as a top-level argument, so
@@ -60,7 +62,8 @@ from typing import Any
 from actors.engine_api import EngineError, EngineUnavailable, Generation
 from actors.trajectory import Trajectory
 from cluster.metrics import ENGINE_POLICY_VERSION, metrics_run, record
-from cluster.ray_env import actor_name, remote_class, start_named, wait_name_free
+from cluster.placement import wait_placed
+from cluster.ray_env import actor_name, ensure_name_free, remote_class, start_named, wait_name_free
 from configs.schema import Config, SamplingConfig
 
 log = logging.getLogger(__name__)
@@ -143,7 +146,7 @@ class EngineHost:
         from actors.engines import choose_backend, make_engine
 
         backend = choose_backend(self.cfg)
-        on_cpu = self.cfg.rollout.num_gpus_per_engine == 0
+        on_cpu = self.cfg.rollout.engine_resources.num_gpus == 0
         cores = core_slice(node_cores(), local_rank, local_count)
         placement: dict[str, Any] = {"backend": backend, "pid": os.getpid()}
         if on_cpu and backend == "vllm":
@@ -275,6 +278,7 @@ class RolloutGroup:
         self.start_timeout_s = start_timeout_s
         self.engines: list[Any] = []  # actor handles, index = engine id in trajectories
         self.runners: list[Any] = []
+        self.groups: list[Any] = []  # each engine's placement group
         self.dead: set[int] = set()  # engines known dead here
         self.ranks: list[tuple[int, int]] = []  # (rank, count) of each engine on its node: its core slice
         # The last successful push, loaded into a restarted engine: ("adapter" | "weights", version, ref(s)).
@@ -303,15 +307,24 @@ class RolloutGroup:
                     f"the {what} ({type(obj).__name__}) does not pickle, so runner actors cannot use it: "
                     f"pass {hint} ({type(e).__name__}: {e})"
                 ) from e
+        from ray.util.placement_group import placement_group
+
         r = self.cfg.rollout
         try:
+            for i in range(r.engines):
+                name = actor_name(self.cfg.run_name, "engine", i)
+                ensure_name_free(name)  # another live run of this name: say so, rather than wait for its resources
+                self.groups.append(placement_group([r.engine_resources.bundle()], strategy="PACK", name=name))
+            what = (
+                f"{r.engines} engine(s) of {r.engine_resources.describe()} (rollout.engines, rollout.engine_resources)"
+            )
+            await asyncio.to_thread(wait_placed, self.groups, what, self.start_timeout_s)
             for i in range(r.engines):  # one at a time: a failed start shuts down those already started
                 name = actor_name(self.cfg.run_name, "engine", i)
-                self.engines.append(start_named(remote_class(EngineHost), name, self._engine_options(), self.cfg, i))
+                self.engines.append(start_named(remote_class(EngineHost), name, self._engine_options(i), self.cfg, i))
             # Engines sharing a node share its cores: rank them per node before they start.
             nodes = await self._within(
-                asyncio.gather(*(h.node.remote() for h in self.engines)),
-                f"placing {r.engines} engine actor(s) ({r.num_cpus_per_engine} CPU, {r.num_gpus_per_engine} GPU each)",
+                asyncio.gather(*(h.node.remote() for h in self.engines)), f"starting {r.engines} engine actor(s)"
             )
             per_node, seen = Counter(nodes), Counter[str]()
             for node in nodes:
@@ -329,23 +342,25 @@ class RolloutGroup:
                 )
             await self._within(
                 asyncio.gather(*(h.stats.remote() for h in self.runners)),
-                f"placing {r.runners} runner actor(s) ({r.num_cpus_per_runner} CPU each)",
+                f"placing {r.runners} runner actor(s) ({r.runner_resources.describe()} each)",
             )
         except BaseException:
             await self.shutdown()
             raise
         log.info("rollout group: %d engine(s) %s, %d runner(s)", len(self.engines), self.placements, len(self.runners))
 
-    def _engine_options(self) -> dict[str, Any]:
-        r = self.cfg.rollout
+    def _engine_options(self, i: int) -> dict[str, Any]:
+        """Engine i's actor options: its resources, inside its own placement group."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
         return {
-            "num_cpus": r.num_cpus_per_engine,
-            "num_gpus": r.num_gpus_per_engine,
+            **self.cfg.rollout.engine_resources.actor_options(),
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(self.groups[i], placement_group_bundle_index=0),
             "max_concurrency": ENGINE_MAX_CONCURRENCY,
         }
 
     def _runner_options(self) -> dict[str, Any]:
-        return {"num_cpus": self.cfg.rollout.num_cpus_per_runner, "max_concurrency": 1000}
+        return {**self.cfg.rollout.runner_resources.actor_options(), "max_concurrency": 1000}
 
     def _runner_args(self) -> tuple[Any, ...]:
         return (self.cfg, list(self.engines), self.tool_pool, self.judge)
@@ -385,6 +400,11 @@ class RolloutGroup:
 
         await asyncio.gather(*(stop(i, h) for i, h in enumerate(engines)))
         self.dead.clear()
+        from ray.util.placement_group import remove_placement_group
+
+        groups, self.groups = self.groups, []
+        for pg in groups:
+            remove_placement_group(pg)
 
     # ------------------------------------------------------------------ rollouts
 
@@ -486,7 +506,7 @@ class RolloutGroup:
     async def _restart_engine(self, i: int) -> None:
         from ray.exceptions import RayActorError
 
-        handle = await self._start_again("engine", i, self.engines[i], EngineHost, self._engine_options(), self.cfg, i)
+        handle = await self._start_again("engine", i, self.engines[i], EngineHost, self._engine_options(i), self.cfg, i)
         try:
             k, n = self.ranks[i]
             placement = await self._within(handle.start.remote(k, n), f"restarting engine {i}")

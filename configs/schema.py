@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class Strict(BaseModel):
@@ -17,15 +17,102 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+# --------------------------------------------------------------------------- placement
+
+
+class Resources(Strict):
+    """What ONE actor or Serve replica of a role reserves on a node; every role (engines, runners, learner
+    workers, tool deployments, the judge) takes one of these. Ray places the actor only on a node that has all of it;
+    an autoscaling cluster adds a node of a type that does (see `python -m jobs.train` without --run)."""
+
+    num_cpus: float = Field(1.0, gt=0, description="Logical CPUs (fractions allowed: 0.1 fits many on 2 cores).")
+    num_gpus: float = Field(0.0, ge=0, description="GPUs (fractions share one GPU).")
+    accelerator_type: str | None = Field(
+        None, description="The node's accelerator, as Ray names it (e.g. A100, H100, L4; ray.util.accelerators)."
+    )
+    resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="Custom resources, e.g. {gpu_node: 1}: only nodes (or node types) started with them qualify.",
+    )
+
+    @field_validator("resources")
+    @classmethod
+    def _custom_only(cls, value: dict[str, float]) -> dict[str, float]:
+        for name, amount in value.items():
+            if name in ("CPU", "GPU", "memory", "object_store_memory") or name.startswith("accelerator_type:"):
+                raise ValueError(f"{name!r} is not a custom resource: use num_cpus / num_gpus / accelerator_type")
+            if amount <= 0:
+                raise ValueError(f"custom resource {name!r}: amount must be > 0, got {amount}")
+        return value
+
+    def actor_options(self) -> dict[str, Any]:
+        """Ray actor options (also Serve's `ray_actor_options`)."""
+        options: dict[str, Any] = {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus}
+        if self.accelerator_type:
+            options["accelerator_type"] = self.accelerator_type
+        if self.resources:
+            options["resources"] = dict(self.resources)
+        return options
+
+    def bundle(self) -> dict[str, float]:
+        """The same demand as one resource shape: a placement group bundle, or a `request_resources` bundle.
+        An accelerator type is the node resource `accelerator_type:<T>`, asked as 0.001 (as Ray does)."""
+        shape = {"CPU": self.num_cpus, **({"GPU": self.num_gpus} if self.num_gpus else {})}
+        if self.accelerator_type:
+            shape[f"accelerator_type:{self.accelerator_type}"] = 0.001
+        return {**shape, **self.resources}
+
+    def describe(self) -> str:
+        """E.g. `4 CPU, 1 GPU (A100), gpu_node: 1`."""
+        parts = [f"{self.num_cpus:g} CPU"]
+        if self.num_gpus or self.accelerator_type:
+            parts.append(f"{self.num_gpus:g} GPU" + (f" ({self.accelerator_type})" if self.accelerator_type else ""))
+        parts += [f"{k}: {v:g}" for k, v in sorted(self.resources.items())]
+        return ", ".join(parts)
+
+
+def _read_flat_resources(data: Any, field: str, flat: dict[str, str]) -> Any:
+    """Read the older flat spelling (e.g. `num_cpus_per_engine: 2`) into the role's Resources `field`
+    (`engine_resources.num_cpus`), so existing configs and --set overrides keep working."""
+    if not isinstance(data, dict) or not any(k in data for k in flat):
+        return data
+    data = dict(data)
+    nested = data.get(field)
+    nested = dict(nested) if isinstance(nested, dict) else ({} if nested is None else nested)
+    if not isinstance(nested, dict):
+        return data  # not a mapping: let validation name it
+    for old, new in flat.items():
+        if old in data:
+            if new in nested:
+                raise ValueError(f"{field}.{new} is also given by its older spelling {old}: keep one (e.g. in --set)")
+            nested[new] = data.pop(old)
+    data[field] = nested
+    return data
+
+
 # --------------------------------------------------------------------------- tools
 
 
 class Autoscaling(Strict):
-    """Ray Serve autoscaling for one deployment (used instead of a fixed replica count)."""
+    """Ray Serve autoscaling for one deployment (used instead of a fixed replica count). Serve adds replicas
+    when requests per replica stay above the target and removes them when below; on an autoscaling cluster,
+    replicas that fit no node make the cluster autoscaler add one."""
 
     min_replicas: int = Field(1, ge=0)
     max_replicas: int = Field(2, ge=1)
     target_ongoing_requests: float = Field(4.0, gt=0, description="Queue depth per replica Serve aims for.")
+    upscale_delay_s: float = Field(30.0, ge=0, description="Load must stay high this long before Serve adds a replica.")
+    downscale_delay_s: float = Field(
+        600.0, ge=0, description="Load must stay low this long before Serve removes a replica."
+    )
+    look_back_period_s: float = Field(30.0, gt=0, description="Window over which Serve averages the load.")
+    metrics_interval_s: float = Field(10.0, gt=0, description="How often replicas and handles report their load.")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Autoscaling:
+        if self.max_replicas < self.min_replicas:
+            raise ValueError(f"max_replicas {self.max_replicas} < min_replicas {self.min_replicas}")
+        return self
 
 
 class Deployment(Strict):
@@ -34,7 +121,10 @@ class Deployment(Strict):
     enabled: bool = True
     replicas: int = Field(1, ge=1, description="Fixed replica count (ignored when autoscaling is set).")
     autoscaling: Autoscaling | None = None
-    num_cpus: float = Field(0.1, gt=0, description="CPUs Serve reserves per replica; fractions fit 2 cores.")
+    replica_resources: Resources = Field(
+        default_factory=lambda: Resources(num_cpus=0.1),
+        description="What each replica reserves (older spelling: `num_cpus`); fractions fit 2 cores.",
+    )
     timeout_s: float = Field(10.0, gt=0, description="Default per-call timeout, enforced in the replica.")
     tool_timeouts: dict[str, float] = Field(default_factory=dict, description="Per-tool timeout overrides.")
     open_timeout_s: float = Field(
@@ -50,9 +140,17 @@ class Deployment(Strict):
         0.2, ge=0, description="Wait before the first retry; doubles on each (cap 30 s, jittered: cluster/retry.py)."
     )
     rate_limit_per_s: float | None = Field(
-        None, gt=0, description="Calls per second for the whole service, split evenly across replicas."
+        None,
+        gt=0,
+        description="Calls per second for the whole service, split evenly across the replicas running now "
+        "(each replica re-reads the count every few seconds, so it follows autoscaling).",
     )
     health_check_period_s: float = Field(10.0, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_resources(cls, data: Any) -> Any:
+        return _read_flat_resources(data, "replica_resources", {"num_cpus": "num_cpus"})
 
 
 class LiveService(Deployment):
@@ -316,7 +414,15 @@ class JudgeConfig(Strict):
     max_batch_size: int = Field(8, ge=1)
     batch_wait_s: float = Field(0.02, ge=0)
     rate_limit_per_s: float | None = Field(None, gt=0)
-    num_cpus: float = Field(0.1, gt=0)
+    replica_resources: Resources = Field(
+        default_factory=lambda: Resources(num_cpus=0.1),
+        description="What the judge's replica reserves (older spelling: `num_cpus`).",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_resources(cls, data: Any) -> Any:
+        return _read_flat_resources(data, "replica_resources", {"num_cpus": "num_cpus"})
 
 
 class RewardConfig(Strict):
@@ -357,9 +463,11 @@ class RolloutConfig(Strict):
     backend: Literal["auto", "vllm", "hf"] = Field(
         "auto", description="auto: vLLM for LoRA runs when importable, HF otherwise (and HF for full fine-tune)."
     )
-    engines: int = Field(1, ge=1, description="Engine actors.")
-    num_cpus_per_engine: float = Field(1.0, gt=0)
-    num_gpus_per_engine: float = Field(0.0, ge=0)
+    engines: int = Field(1, ge=1, description="Engine actors, each in a placement group of its own.")
+    engine_resources: Resources = Field(
+        default_factory=Resources,
+        description="What each engine reserves (older spelling: num_cpus_per_engine, num_gpus_per_engine).",
+    )
     max_model_len: int = Field(4096, ge=128, description="Env VLLM_MAX_MODEL_LEN overrides.")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     hf_max_batch_size: int = Field(32, ge=1, description="HF: requests gathered into one batched generate.")
@@ -373,7 +481,10 @@ class RolloutConfig(Strict):
     max_total_tokens: int = Field(2048, ge=64, description="Per episode: prompt + responses + observations.")
     max_episode_restarts: int = Field(2, ge=0, description="Restarts of an episode whose engine died.")
     runners: int = Field(1, ge=1, description="EpisodeRunner actors; each drives every engine.")
-    num_cpus_per_runner: float = Field(0.1, gt=0)
+    runner_resources: Resources = Field(
+        default_factory=lambda: Resources(num_cpus=0.1),
+        description="What each runner reserves (older spelling: num_cpus_per_runner).",
+    )
     max_concurrent_episodes: int | None = Field(None, ge=1, description="Per runner; None = all at once.")
     max_engine_restarts: int = Field(
         3, ge=0, description="Engine actors a RolloutGroup restarts (with the current policy) over its life."
@@ -382,6 +493,14 @@ class RolloutConfig(Strict):
         3, ge=0, description="Runner actors a RolloutGroup replaces (re-running their tasks) over its life."
     )
     overlap: bool = Field(False, description="Generate step k+1 while step k trains (one step off-policy).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_resources(cls, data: Any) -> Any:
+        data = _read_flat_resources(
+            data, "engine_resources", {"num_cpus_per_engine": "num_cpus", "num_gpus_per_engine": "num_gpus"}
+        )
+        return _read_flat_resources(data, "runner_resources", {"num_cpus_per_runner": "num_cpus"})
 
 
 # --------------------------------------------------------------------------- training
@@ -420,10 +539,12 @@ class OptimConfig(Strict):
 class LearnerConfig(Strict):
     """The learner group: L workers, torch.distributed + FSDP2 (DeepSpeed later)."""
 
-    workers: int = Field(1, ge=1)
+    workers: int = Field(1, ge=1, description="Ranks, PACKed in one placement group (one node when they fit).")
     backend: Literal["fsdp2"] = Field("fsdp2", description="Sharding backend; deepspeed joins later.")
-    num_cpus_per_worker: float = Field(1.0, gt=0)
-    num_gpus_per_worker: float = Field(0.0, ge=0)
+    worker_resources: Resources = Field(
+        default_factory=Resources,
+        description="What each rank reserves (older spelling: num_cpus_per_worker, num_gpus_per_worker).",
+    )
     dtype: Literal["bfloat16", "float32"] = Field("bfloat16", description="Parameter/compute dtype of the learner.")
     gradient_checkpointing: bool = True
     micro_batch_tokens: int = Field(4096, ge=64, description="Tokens (padded) per forward/backward micro-batch.")
@@ -438,6 +559,13 @@ class LearnerConfig(Strict):
         description="Times a run rebuilds its learner group after a worker died, from the last checkpoint (the "
         "steps after it are run again); past that, or with no checkpoint yet, it stops and prints the resume command.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_resources(cls, data: Any) -> Any:
+        return _read_flat_resources(
+            data, "worker_resources", {"num_cpus_per_worker": "num_cpus", "num_gpus_per_worker": "num_gpus"}
+        )
 
 
 class DataConfig(Strict):

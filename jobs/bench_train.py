@@ -118,7 +118,7 @@ def bench_config(opts: argparse.Namespace, mode: str, backend: str = "hf", engin
             "finetune": {"mode": mode, "lora": {"r": 16, "alpha": 32}},
             "learner": {
                 "workers": 1,
-                "num_cpus_per_worker": 0.5,
+                "worker_resources": {"num_cpus": 0.5},
                 "dtype": "bfloat16",
                 "gradient_checkpointing": True,
                 "micro_batch_tokens": 4096,  # fp32 logits of a 49k vocabulary: ~0.9 GB per micro-batch
@@ -128,8 +128,8 @@ def bench_config(opts: argparse.Namespace, mode: str, backend: str = "hf", engin
                 "backend": backend,
                 "engines": engines,
                 "runners": 1,
-                "num_cpus_per_engine": 0.25,
-                "num_cpus_per_runner": 0.05,
+                "engine_resources": {"num_cpus": 0.25},
+                "runner_resources": {"num_cpus": 0.05},
                 "max_model_len": 1024,
                 "vllm_kv_cache_gb": 1,
             },

@@ -136,7 +136,7 @@ def suite_tools(cfg: Config, calls: int, console: Console) -> dict[str, Any]:
 
     py = cfg.tools.servers.python
     py.autoscaling = None
-    py.num_cpus = 0.5
+    py.replica_resources.num_cpus = 0.5
     py.sandbox.max_concurrent = 1  # one CPU-bound program per replica: scale by replicas
     py.timeout_s = 60
     py.sandbox.wall_time_s = py.sandbox.cpu_time_s = 30

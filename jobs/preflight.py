@@ -5,7 +5,8 @@ nothing (rule tasks it would generate are generated into a temporary folder, che
 with `--run` the same checks gate the run, so a bad config, bad data or a missing key stops it before
 any actor starts. Each failed check says what to fix.
 
-Checks: resources (what the roles ask of the cluster), data (task files through the gate), model and
+Checks: resources (what each role asks of the cluster, and whether it holds them now, after growing, or
+never; with --run, a cluster that must grow is asked for them at once), data (task files through the gate), model and
 tokenizer, the chat template round trip (render a task, tokenize, parse a tool call back), API keys
 (live tools, the judge), and that every MCP server answers with its tools.
 """
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cluster.placement import ClusterView, NodeType, Role
 from configs.schema import Config, LiveService
 
 PASS, FAIL = "ok", "FAIL"
@@ -60,60 +62,79 @@ class Preflight:
 # --------------------------------------------------------------------------- resources
 
 
-def role_resources(cfg: Config) -> dict[str, dict[str, float]]:
-    """CPUs and GPUs each role asks of the cluster, in total."""
+def run_roles(cfg: Config) -> list[Role]:
+    """Every role the run starts: how many actors (or replicas, at most), what each reserves, its config key."""
     from serve_apps.tool_pool import server_specs
 
-    tools_cpu = sum(s.replicas * s.cfg.num_cpus for s in server_specs(cfg.tools))
-    roles = {
-        "tool pool (Serve)": {"CPU": tools_cpu, "GPU": 0.0},
-        "engines": {
-            "CPU": cfg.rollout.engines * cfg.rollout.num_cpus_per_engine,
-            "GPU": cfg.rollout.engines * cfg.rollout.num_gpus_per_engine,
-        },
-        "runners": {"CPU": cfg.rollout.runners * cfg.rollout.num_cpus_per_runner, "GPU": 0.0},
-        "learner": {
-            "CPU": cfg.learner.workers * cfg.learner.num_cpus_per_worker,
-            "GPU": cfg.learner.workers * cfg.learner.num_gpus_per_worker,
-        },
-    }
+    r, ln = cfg.rollout, cfg.learner
+    roles = [
+        Role("engines", r.engines, r.engine_resources, key="rollout.engine_resources"),
+        Role("runners", r.runners, r.runner_resources, key="rollout.runner_resources"),
+        Role("learner workers", ln.workers, ln.worker_resources, key="learner.worker_resources"),
+    ]
+    externals = {e.name: i for i, e in enumerate(cfg.tools.external)}
+    for spec in server_specs(cfg.tools):
+        key = f"tools.external[{externals[spec.name]}]" if spec.external else f"tools.servers.{spec.name}"
+        scaled = f"{spec.min_replicas}-{spec.max_replicas}" if spec.cfg.autoscaling else ""
+        roles.append(
+            Role(f"tool {spec.name}", spec.max_replicas, spec.cfg.replica_resources, scaled, f"{key}.replica_resources")
+        )
     if cfg.reward.backend != "heuristic" and cfg.reward.judge.source != "local":
-        roles["judge (Serve)"] = {"CPU": cfg.reward.judge.num_cpus, "GPU": 0.0}
+        roles.append(Role("judge", 1, cfg.reward.judge.replica_resources, key="reward.judge.replica_resources"))
     return roles
 
 
-def cluster_capacity(cfg: Config) -> tuple[dict[str, float], str]:
-    """What the run will have: the connected cluster's resources, or the embedded Ray's."""
-    address = cfg.cluster.address or os.environ.get("RAY_ADDRESS")
+def cluster_view(cfg: Config) -> ClusterView:
+    """What the run will have: the connected cluster (nodes, autoscaler node types), or the embedded Ray."""
+    from cluster.placement import connected_view
+    from cluster.ray_env import cluster_address
+
+    address = cluster_address(cfg.cluster)
     if address:
         import ray
 
         if not ray.is_initialized():
             ray.init(address=address, namespace=cfg.cluster.namespace, logging_level="ERROR")
-        res = ray.cluster_resources()
-        return {"CPU": float(res.get("CPU", 0)), "GPU": float(res.get("GPU", 0))}, f"cluster at {address}"
+        return connected_view(address)
     import torch
 
     cpus = cfg.cluster.num_cpus if cfg.cluster.num_cpus is not None else float(os.cpu_count() or 1)
     gpus = float(torch.cuda.device_count()) if torch.cuda.is_available() else 0.0
-    return {"CPU": cpus, "GPU": gpus}, "embedded Ray on this machine"
+    this = NodeType("this machine", {"CPU": cpus, **({"GPU": gpus} if gpus else {})})
+    return ClusterView("embedded Ray on this machine", [this])
 
 
-def check_resources(cfg: Config, pf: Preflight) -> None:
-    need = {"CPU": 0.0, "GPU": 0.0}
-    for r in role_resources(cfg).values():
-        for k in need:
-            need[k] += r[k]
-    have, where = cluster_capacity(cfg)
-    short = [k for k in need if need[k] > have[k] + 1e-9]
-    detail = f"roles ask {need['CPU']:g} CPU, {need['GPU']:g} GPU; {where} has {have['CPU']:g} CPU, {have['GPU']:g} GPU"
-    fix = (
-        "lower rollout.num_cpus_per_engine / learner.num_cpus_per_worker / tools num_cpus, fewer engines or "
-        "workers, or raise cluster.num_cpus (logical CPUs: rollout and training take turns)"
-        if "CPU" in short
-        else "ask fewer GPUs (rollout.num_gpus_per_engine, learner.num_gpus_per_worker) or use a GPU cluster"
-    )
-    pf.add("resources", not short, detail, fix if short else "")
+def check_resources(cfg: Config, pf: Preflight, request: bool = False) -> None:
+    """Can the cluster hold every role now, after growing, or never (cluster/placement.py)? With `request`
+    (--run) and a cluster that must grow, ask its autoscaler for all the roles' bundles at once."""
+    from cluster.placement import fit_roles, fit_table, request_bundles
+
+    roles = run_roles(cfg)
+    view = cluster_view(cfg)
+    report = fit_roles(roles, view)
+    table = "".join(f"\n      {line}" for line in fit_table(report, view))
+    never = [f for f in report.fits if f.verdict == "never"]
+    if never:
+        names = ", ".join(f.role.name for f in never)
+        keys = ", ".join(sorted({f.role.key for f in never}))
+        fix = f"ask less of {keys} (or fewer actors), or use a cluster with a node (type) that has it"
+        if view.nodes and not view.autoscaling and view.connected:
+            fix += "; no autoscaler was found for this cluster, so it cannot grow"
+        if not view.connected:
+            fix += "; the embedded Ray has this machine only (raise cluster.num_cpus for more logical CPUs)"
+        pf.add("resources", False, f"{view.where} can never hold {names}{table}", fix)
+        return
+    grow = [f.role.name for f in report.fits if f.verdict == "must grow"]
+    if not grow:
+        pf.add("resources", True, f"{view.where} holds every role now{table}")
+        return
+    if request and view.connected:
+        bundles = [b for role in roles for b in role.bundles()]
+        request_bundles(bundles)
+        asked = f"asked its autoscaler for room for all {len(bundles)} actors"
+    else:
+        asked = "--run asks its autoscaler for room for all of them"
+    pf.add("resources", True, f"{view.where} must grow for {', '.join(grow)}: {asked}{table}")
 
 
 # --------------------------------------------------------------------------- data
@@ -351,7 +372,7 @@ def run_preflight(cfg: Config, write: bool = False) -> Preflight:
     """All checks. Without `write` (the dry run) nothing is written: missing rule tasks are generated
     into a temporary folder, checked and deleted; with it (`--run`) they are written into place."""
     pf = Preflight()
-    check_resources(cfg, pf)
+    check_resources(cfg, pf, request=write)
     check_keys(cfg, pf)
     check_servers(cfg, pf)
     check_model(cfg, pf)
@@ -374,8 +395,6 @@ def plan_lines(cfg: Config) -> list[str]:
         f"rollout backend: {choose_backend(cfg)} ({cfg.rollout.engines} engines, {cfg.rollout.runners} runners, "
         f"{cfg.rollout.mode}{', overlapped with training' if cfg.rollout.overlap else ''})",
         f"learner: {cfg.learner.workers} × {cfg.learner.backend} worker(s), {cfg.learner.dtype}",
-        "resources: "
-        + "; ".join(f"{role} {r['CPU']:g} CPU/{r['GPU']:g} GPU" for role, r in role_resources(cfg).items()),
         f"plan: {t.steps} GRPO steps × {t.tasks_per_step} tasks × {t.group_size} episodes = {episodes} episodes/step; "
         f"{t.epochs} epoch(s) × {t.minibatches} minibatch(es) per step; advantage {cfg.algorithm.advantage}",
     ]

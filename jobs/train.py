@@ -265,6 +265,7 @@ class Driver:
         return {"report": report_at, "evals": self.evals, "wall_time_s": wall, "adapter": adapter}
 
     async def close(self) -> None:
+        from cluster.placement import release_request
         from serve_apps.tool_pool import undeploy_pool
 
         for what, stop in (
@@ -283,6 +284,7 @@ class Driver:
             undeploy_judge(self.judge)
         if self.pool is not None:
             undeploy_pool(self.pool)
+        release_request()  # preflight's request to the autoscaler: idle nodes may go now
         if self.tracker is not None:
             self.tracker.finish()
         try:  # whatever the driver wrote before a failure reaches storage too
@@ -426,7 +428,7 @@ class Driver:
 
         cfg = self.cfg
         print(f"warm start: {cfg.sft_warmup.steps} SFT steps on expert trajectories", flush=True)
-        task = ray.remote(num_cpus=cfg.learner.num_cpus_per_worker, num_gpus=cfg.learner.num_gpus_per_worker)(_sft_task)
+        task = ray.remote(**cfg.learner.worker_resources.actor_options())(_sft_task)
         result = await task.remote(cfg, self.pf.train_rows, out, run_sft)
         self.tracker.log(0, {"sft/final_loss": result["losses"][-1], "sft/tokens_per_s": result["tokens_per_s"]})
         print(

@@ -158,7 +158,7 @@ def deploy_judge(cfg: RewardConfig, *, http: HttpConfig | None = None, app_name:
     deployment = serve.deployment(_deployment_class()).options(
         name="Judge",
         num_replicas=1,  # the rate limit is per replica: one replica keeps it the service's limit
-        ray_actor_options={"num_cpus": jc.num_cpus},
+        ray_actor_options=jc.replica_resources.actor_options(),
         # Room for every batch in flight: Serve warns when a batch could never fill.
         max_ongoing_requests=max(64, jc.max_batch_size * MAX_CONCURRENT_BATCHES),
         logging_config={"enable_access_log": False, "log_level": "WARNING"},

@@ -118,6 +118,12 @@ class RateLimiter:
         self.stamp = time.monotonic()
         self.lock = asyncio.Lock()
 
+    def set_rate(self, rate: float) -> None:
+        """Change the rate from now on (tokens already earned stay, up to the new burst size)."""
+        self.rate = rate
+        self.capacity = max(1.0, rate)
+        self.tokens = min(self.tokens, self.capacity)
+
     async def acquire(self) -> None:
         async with self.lock:
             while True:
@@ -181,16 +187,29 @@ class ToolHost:
         probe: Callable[[], Awaitable[str | None]] | None = None,
         metrics_run: str | None = None,
     ) -> None:
-        """`probe`: a server's own health check, returning None when healthy or the reason it is not.
-        `metrics_run`: the run tag of the tool latency and error metrics (cluster.metrics); None = none."""
+        """`replicas`: how many hosts share the service's rate limit (see `set_replicas`). `probe`: a server's own
+        health check, returning None when healthy or the reason it is not. `metrics_run`: the run tag of the tool
+        latency and error metrics (cluster.metrics); None = none."""
         self.name = name
         self.metrics_run = metrics_run
         self.backend = backend
         self.probe = probe
         self.cfg = cfg
-        self.limiter = RateLimiter(cfg.rate_limit_per_s / replicas) if cfg.rate_limit_per_s else None
+        self.replicas = max(1, replicas)
+        self.limiter = RateLimiter(cfg.rate_limit_per_s / self.replicas) if cfg.rate_limit_per_s else None
         self.retry_policy = RetryPolicy(cfg.max_retries, cfg.retry_backoff_s)
         self._tools: list[dict[str, Any]] | None = None
+
+    def set_replicas(self, replicas: int) -> None:
+        """`replicas` hosts now share the service: this one's share of `rate_limit_per_s` follows."""
+        self.replicas = max(1, replicas)
+        if self.limiter and self.cfg.rate_limit_per_s:
+            self.limiter.set_rate(self.cfg.rate_limit_per_s / self.replicas)
+
+    @property
+    def rate_per_s(self) -> float | None:
+        """This host's share of the service's rate limit (None: unlimited)."""
+        return self.limiter.rate if self.limiter else None
 
     async def open(self, episode_id: str | None = None) -> None:
         """Connect the backend (for this episode, on a stateful server); ToolPoolTimeout past open_timeout_s."""

@@ -26,6 +26,12 @@ serves far more calls than a rollout makes.
 Live backends (the real Slack, Polygon, FMP, Tavily) cannot be isolated: every episode reads and
 writes the one real service.
 
+Resources and scale: each replica reserves its server's `replica_resources` (Serve's `ray_actor_options`);
+`autoscaling` lets Serve add replicas under load and remove them when quiet. A server's `rate_limit_per_s`
+is for the whole service: each replica takes its share, 1/n for the n replicas RUNNING now, and re-reads
+n from Serve every REPLICA_COUNT_PERIOD_S (so for a few seconds after a change the replicas together may
+allow up to one share more, or less, than the limit).
+
 Every pool operation has a timeout (per server: `open_timeout_s`, `list_timeout_s`, `timeout_s`,
 `close_timeout_s`); one that overruns raises (or, for a call, returns) an error that names the server,
 e.g. `ToolPoolTimeout: server 'git' did not answer list_tools within 10s`.
@@ -63,6 +69,7 @@ APP_PREFIX = "mcp-"
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 # API keys the live backends read; a replica gets only the one its server needs.
 LIVE_KEYS = {"polygon": "POLYGON_API_KEY", "fmp": "FMP_API_KEY", "tavily": "TAVILY_API_KEY", "slack": "SLACK_BOT_TOKEN"}
+REPLICA_COUNT_PERIOD_S = 2.0  # how often an autoscaled, rate-limited replica re-reads its deployment's replica count
 
 
 @dataclass
@@ -75,9 +82,14 @@ class ServerSpec:
     metrics_run: str | None = None  # the run tag of its tool metrics; None = no metrics
 
     @property
-    def replicas(self) -> int:
+    def max_replicas(self) -> int:
         scaling = self.cfg.autoscaling
         return scaling.max_replicas if scaling else self.cfg.replicas
+
+    @property
+    def min_replicas(self) -> int:
+        scaling = self.cfg.autoscaling
+        return scaling.min_replicas if scaling else self.cfg.replicas
 
 
 def server_specs(cfg: ToolsConfig, metrics_run: str | None = None) -> list[ServerSpec]:
@@ -121,8 +133,10 @@ def make_backend(spec: ServerSpec) -> ToolBackend:
 
 async def make_host(spec: ServerSpec) -> ToolHost:
     probe = None if spec.external else health_probe(spec.name, spec.cfg)
+    # The most replicas there can be: a replica's share of the rate limit is never too large before it
+    # learns the live count (see _deployment_class).
     return ToolHost(
-        spec.name, make_backend(spec), spec.cfg, replicas=spec.replicas, probe=probe, metrics_run=spec.metrics_run
+        spec.name, make_backend(spec), spec.cfg, replicas=spec.max_replicas, probe=probe, metrics_run=spec.metrics_run
     )
 
 
@@ -238,6 +252,33 @@ def _deployment_class() -> Any:
             self.host = await make_host(spec)
             tools = await self.host.list_tools()
             self.front = build_front(self.host, tools, prefix=f"{spec.name}." if spec.external else "")
+            self.follower = None
+            if spec.cfg.rate_limit_per_s and spec.cfg.autoscaling:
+                self.follower = asyncio.create_task(self._follow_replica_count())
+
+        async def _follow_replica_count(self) -> None:
+            """Keep this replica's share of the rate limit at 1/n of the n replicas running now."""
+            ctx = serve.get_replica_context()
+            while True:
+                try:
+                    n = await asyncio.to_thread(running_replicas, ctx.app_name, ctx.deployment)
+                    if n != self.host.replicas:
+                        self.host.set_replicas(n)
+                        log.info(
+                            "%s: %d replica(s) running, %.3g calls/s here", ctx.deployment, n, self.host.rate_per_s
+                        )
+                except Exception as e:  # the controller is busy or restarting: keep the last share
+                    log.debug("replica count of %s unknown: %s: %s", ctx.deployment, type(e).__name__, e)
+                await asyncio.sleep(REPLICA_COUNT_PERIOD_S)
+
+        async def rate_limit_share(self) -> dict[str, Any]:
+            """This replica's id, the replica count it last saw, and its calls/s (None: no limit)."""
+            ctx = serve.get_replica_context()
+            return {
+                "replica": ctx.replica_id.unique_id,
+                "replicas": self.host.replicas,
+                "rate_per_s": self.host.rate_per_s,
+            }
 
         def __serve_build_asgi_app__(self) -> Any:
             return http_app(self.front, self.token)
@@ -257,9 +298,19 @@ def _deployment_class() -> Any:
             await self.host.healthy()
 
         async def __del__(self) -> None:
+            if self.follower is not None:
+                self.follower.cancel()
             await self.host.close()
 
     return MCPServer
+
+
+def running_replicas(app: str, deployment: str) -> int:
+    """Replicas of `deployment` in application `app` that Serve reports RUNNING (at least 1: the caller's)."""
+    from ray import serve
+
+    status = serve.status().applications[app].deployments[deployment]
+    return max(1, int(status.replica_states.get("RUNNING", 0)))
 
 
 def secrets_for(spec: ServerSpec) -> dict[str, str]:
@@ -281,7 +332,7 @@ def _app_for(spec: ServerSpec, token: str | None) -> Any:
     cfg = spec.cfg
     options: dict[str, Any] = {
         "name": spec.name,
-        "ray_actor_options": {"num_cpus": cfg.num_cpus},
+        "ray_actor_options": cfg.replica_resources.actor_options(),
         "health_check_period_s": cfg.health_check_period_s,
         "max_ongoing_requests": 64,
         # One line per call would drown a training run's console; Serve's metrics still count calls.

@@ -162,8 +162,8 @@ def _assert_gpu_nodes_hold(config_path: Path, gpus: float, cpus: float, max_node
     """Each engine and learner worker fits on one GPU node, and max_nodes of them hold the whole run."""
     cfg = load_config(config_path)
     r, lrn = cfg.rollout, cfg.learner
-    actors = [(r.num_gpus_per_engine, r.num_cpus_per_engine)] * r.engines
-    actors += [(lrn.num_gpus_per_worker, lrn.num_cpus_per_worker)] * lrn.workers
+    engine, worker = r.engine_resources, lrn.worker_resources
+    actors = [(engine.num_gpus, engine.num_cpus)] * r.engines + [(worker.num_gpus, worker.num_cpus)] * lrn.workers
     assert all(g <= gpus and c <= cpus for g, c in actors), (config_path.name, actors, gpus, cpus)
     assert sum(g for g, _ in actors) <= gpus * max_nodes, (config_path.name, actors, max_nodes)
 

@@ -20,7 +20,7 @@ def make_cfg(mode: str, lr: float) -> Config:
     cfg.finetune.mode = mode
     cfg.finetune.lora.r = 8
     cfg.learner.workers = 2
-    cfg.learner.num_cpus_per_worker = 0.5
+    cfg.learner.worker_resources.num_cpus = 0.5
     cfg.learner.optim.lr = lr
     cfg.sft_warmup.lr = 3e-3
     return cfg

@@ -61,8 +61,8 @@ def group_config() -> Config:
                 "backend": "hf",
                 "engines": 2,
                 "runners": 1,
-                "num_cpus_per_engine": 0.5,  # 2 engines + the pool's replicas fit the session's 2 CPUs
-                "num_cpus_per_runner": 0.1,
+                "engine_resources": {"num_cpus": 0.5},  # 2 engines + the pool's replicas fit the session's 2 CPUs
+                "runner_resources": {"num_cpus": 0.1},
                 "max_model_len": 2048,
                 "max_total_tokens": 2048,
                 "max_episode_restarts": 2,
