@@ -119,7 +119,7 @@ class Driver:
         """`resume_cmd`: what the user runs to resume (printed when the run must stop; see resume_command)."""
         self.cfg = cfg
         self.pf = pf
-        self.run = run
+        self.location = run
         self.run_dir = driver_folder(run)
         self.mirror = storage.Mirror(self.run_dir, run)
         self.resume = resume
@@ -153,10 +153,10 @@ class Driver:
             if self.resume:
                 self.mirror.pull(skip=ACTOR_OUTPUTS)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        ckpt = latest_checkpoint(self.run) if self.resume else None
+        ckpt = latest_checkpoint(self.location) if self.resume else None
         if self.resume and ckpt is None:
             log.warning(
-                "--resume: no checkpoint under %s; starting from scratch", storage.join(self.run, "checkpoints")
+                "--resume: no checkpoint under %s; starting from scratch", storage.join(self.location, "checkpoints")
             )
         if ckpt is not None:  # the steps after the checkpoint are redone: their old log lines go
             self.tracker = Tracker(cfg, self.run_dir, resume=True, start_step=int(storage.name(ckpt)[5:]) + 1)
@@ -174,7 +174,7 @@ class Driver:
         await self.rollout.start()
 
         learner_cfg = cfg
-        warm = storage.join(self.run, "sft")
+        warm = storage.join(self.location, "sft")
         if ckpt is None and cfg.sft_warmup.enabled and cfg.finetune.mode == "lora":
             await self._evaluate("base")
             learner_cfg = await self._warm_start(warm)
@@ -248,7 +248,7 @@ class Driver:
         await self._evaluate("after GRPO" if cfg.sft_warmup.enabled else "final")
         adapter = None
         if cfg.finetune.mode == "lora":
-            stored = storage.join(self.run, "final_adapter")
+            stored = storage.join(self.location, "final_adapter")
             await asyncio.to_thread(self.learner.save_adapter, stored)
             adapter = await asyncio.to_thread(storage.fetch, stored)  # the report and W&B read it here
             self.tracker.log_artifact(adapter, f"{cfg.run_name}-adapter", "lora_adapter")
@@ -261,7 +261,7 @@ class Driver:
         if self.tracker is not None:
             self.tracker.finish()  # W&B's files are complete only now
         await asyncio.to_thread(self.mirror.push)
-        report_at = storage.join(self.run, storage.name(str(report))) if not self.mirror.in_place else str(report)
+        report_at = storage.join(self.location, storage.name(str(report))) if not self.mirror.in_place else str(report)
         return {"report": report_at, "evals": self.evals, "wall_time_s": wall, "adapter": adapter}
 
     async def close(self) -> None:
@@ -290,7 +290,7 @@ class Driver:
         try:  # whatever the driver wrote before a failure reaches storage too
             await asyncio.to_thread(self.mirror.push)
         except Exception as e:
-            log.warning("pushing the driver's files to %s failed: %s", self.run, e)
+            log.warning("pushing the driver's files to %s failed: %s", self.location, e)
 
     # ------------------------------------------------------------------ pieces
 
@@ -301,7 +301,7 @@ class Driver:
         if pending is not None:
             pending.cancel()
         budget = self.cfg.learner.max_restarts
-        ckpt = latest_checkpoint(self.run)
+        ckpt = latest_checkpoint(self.location)
         if ckpt is None or self.learner_restarts >= budget:
             why = "no checkpoint to rebuild it from yet" if ckpt is None else f"learner.max_restarts ({budget}) spent"
             raise RunStopped(f"{error}; {why}. {RESUME_HINT}{self.resume_cmd}")
@@ -460,7 +460,7 @@ class Driver:
         )
 
     async def _checkpoint(self) -> None:
-        folder = storage.join(self.run, "checkpoints", f"step_{self.step}")
+        folder = storage.join(self.location, "checkpoints", f"step_{self.step}")
         extra = {"step": self.step, "version": self.version, "evals": self.evals}
         await asyncio.to_thread(self.learner.save_checkpoint, folder, extra)
         await asyncio.to_thread(self.mirror.push)  # the metrics that go with it
