@@ -33,6 +33,7 @@ import logging
 import math
 import shlex
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -268,6 +269,13 @@ class Driver:
         from cluster.placement import release_request
         from serve_apps.tool_pool import undeploy_pool
 
+        # Serve apps first: they are detached and outlive the driver; the actors die with it anyway.
+        if self._runner_judge() is not None:
+            from serve_apps.judge import undeploy_judge
+
+            undeploy_judge(self.judge)
+        if self.pool is not None:
+            undeploy_pool(self.pool)
         for what, stop in (
             ("rollout", lambda: self.rollout and self.rollout.shutdown()),
             ("learner", lambda: self.learner and asyncio.to_thread(self.learner.shutdown)),
@@ -278,12 +286,6 @@ class Driver:
                     await awaitable
             except Exception as e:  # stopping one role must not keep the others running
                 log.warning("stopping the %s failed: %s", what, e)
-        if self._runner_judge() is not None:
-            from serve_apps.judge import undeploy_judge
-
-            undeploy_judge(self.judge)
-        if self.pool is not None:
-            undeploy_pool(self.pool)
         release_request()  # preflight's request to the autoscaler: idle nodes may go now
         if self.tracker is not None:
             self.tracker.finish()
@@ -529,6 +531,9 @@ def main(argv: list[str] | None = None) -> None:
         driver = Driver(cfg, pf, run, args.resume, resume_cmd)
 
         async def go() -> dict[str, Any]:
+            # `ray job stop` sends SIGTERM: cancel the run, so that close() still removes its Serve apps;
+            # the newest checkpoint is whole (written aside, then renamed or marked), the resume starts there.
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
             try:
                 return await driver.run()
             finally:
@@ -540,6 +545,9 @@ def main(argv: list[str] | None = None) -> None:
             message = str(e) if isinstance(e, RunStopped) else f"{e}. {RESUME_HINT}{resume_cmd}"
             print(f"error: {message}", file=sys.stderr)
             sys.exit(1)  # leaving the session stops the embedded Ray
+        except asyncio.CancelledError:
+            print(f"stopped by SIGTERM. {RESUME_HINT}{resume_cmd}", file=sys.stderr, flush=True)
+            sys.exit(143)
     stages = ", ".join(f"{stage} {e['success_rate']:.1%}" for stage, e in result["evals"].items())
     if stages:
         print(f"success rate on held-out tasks: {stages}")

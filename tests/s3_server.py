@@ -13,18 +13,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from tests.conftest import free_port
+
 BUCKET = "mcprl-test"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextmanager
 def s3_env() -> Iterator[dict[str, str]]:
-    port = _free_port()
+    port = free_port()
     exe = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or "moto_server"
     proc = subprocess.Popen(
         [exe, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL

@@ -67,6 +67,20 @@ CLUSTER_ENV = {
 }
 
 
+# Ports every node binds: free ones, so that several Rays (the test session's, a test's cluster) live side by side.
+NODE_PORTS = (
+    "ray-client-server",
+    "dashboard-agent-listen",
+    "dashboard-agent-grpc",
+    "metrics-export",
+    "runtime-env-agent",
+)
+
+
+def node_port_flags() -> list[str]:
+    return [f"--{name}-port={free_port()}" for name in NODE_PORTS]
+
+
 @contextmanager
 def fake_autoscaling_cluster(head_cpus: float, workers: dict[str, dict]) -> Iterator[str]:
     """A head (`head_cpus` CPUs) whose autoscaler can add `workers` node types; yields its GCS address."""
@@ -76,30 +90,23 @@ def fake_autoscaling_cluster(head_cpus: float, workers: dict[str, dict]) -> Iter
     config.write_text(json.dumps(autoscaler_config(port, {"CPU": head_cpus}, workers)))
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.update(CLUSTER_ENV, RAY_FAKE_CLUSTER="1", AUTOSCALER_UPDATE_INTERVAL_S="1")
-    ports = (
-        "ray-client-server",
-        "dashboard-agent-listen",
-        "dashboard-agent-grpc",
-        "metrics-export",
-        "runtime-env-agent",
-    )
     cmd = [
         str(Path(sys.executable).with_name("ray")), "start", "--head", "--block",
         f"--port={port}", "--node-ip-address=127.0.0.1", f"--temp-dir={tmp / 'ray'}",
         f"--num-cpus={head_cpus:g}", f"--autoscaling-config={config}", "--include-dashboard=false",
-        *(f"--{name}-port={free_port()}" for name in ports),
+        *node_port_flags(),
     ]  # fmt: skip
     log = open(tmp / "head.log", "w")  # closed below, once the head is gone
     head = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         yield f"127.0.0.1:{port}"
     finally:
-        _stop_group(head)
+        stop_group(head)
         log.close()
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _stop_group(head: subprocess.Popen) -> None:
+def stop_group(head: subprocess.Popen) -> None:
     """SIGTERM the head's process group (the head, its autoscaler, every node it started), then SIGKILL."""
     for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
         try:
