@@ -114,11 +114,11 @@ def ray_cli(dashboard: str, env: dict[str, str], *args: str) -> subprocess.Compl
     return subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
 
 
-def submit(dashboard: str, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+def submit(dashboard: str, env: dict[str, str], *args: str, wait: bool = True) -> subprocess.CompletedProcess:
+    """`ray job submit` of jobs.train on ci-tiny, as the README writes it."""
     return ray_cli(
         dashboard, env, "submit", f"--working-dir={ROOT}", f"--runtime-env={ROOT / 'cluster' / 'runtime_env.yaml'}",
-        *args[:1] if args[:1] == ("--no-wait",) else (), "--",
-        "python", "-m", "jobs.train", "--config", "configs/ci-tiny.yaml", *args[1 if args[:1] == ("--no-wait",) else 0 :],
+        *([] if wait else ["--no-wait"]), "--", "python", "-m", "jobs.train", "--config", "configs/ci-tiny.yaml", *args,
     )  # fmt: skip
 
 
@@ -136,7 +136,7 @@ def test_a_submitted_run_on_two_nodes_is_stopped_resumed_and_finishes_into_stora
     sets = [item for o in [*OVERRIDES, f"train.storage={store}"] for item in ("--set", o)]
     with two_nodes(s3) as (_, dashboard):
         worker = next(n.node_id for n in _alive_nodes(dashboard) if not n.is_head_node)
-        started = submit(dashboard, s3, "--no-wait", *sets, "--run")
+        started = submit(dashboard, s3, *sets, "--run", wait=False)
         job = re.search(r"raysubmit_\w+", started.stdout)
         assert job, started.stdout + started.stderr
         _wait_for(
