@@ -288,7 +288,10 @@ class Driver:
                 log.warning("stopping the %s failed: %s", what, e)
         release_request()  # preflight's request to the autoscaler: idle nodes may go now
         if self.tracker is not None:
-            self.tracker.finish()
+            try:
+                self.tracker.finish()
+            except Exception as e:  # `ray job stop` signals W&B's service process too: it may be gone
+                log.warning("closing the tracker failed (%s: %s); metrics.jsonl has every figure", type(e).__name__, e)
         try:  # whatever the driver wrote before a failure reaches storage too
             await asyncio.to_thread(self.mirror.push)
         except Exception as e:

@@ -147,12 +147,21 @@ def test_a_submitted_run_on_two_nodes_is_stopped_resumed_and_finishes_into_stora
         placed = {a.name: a.node_id for a in list_actors(address=dashboard, detail=True, limit=1000) if a.name}
         for role in ("engine-0", "runner-0", "learner-0"):
             assert placed.get(f"mcprl:ci-tiny:{role}") == worker, (role, placed)
-        ray_cli(dashboard, s3, "stop", job.group())
-        _wait_for("the stopped job's end", lambda: "STOPPED" in ray_cli(dashboard, s3, "status", job.group()).stdout)
-        logs = ray_cli(dashboard, s3, "logs", job.group()).stdout
+        from ray.job_submission import JobStatus, JobSubmissionClient
+
+        jobs = JobSubmissionClient(dashboard)
+        stop = ray_cli(dashboard, s3, "stop", job.group())
+        try:
+            _wait_for("the stopped job's end", lambda: jobs.get_job_status(job.group()) == JobStatus.STOPPED)
+        except TimeoutError as e:
+            raise AssertionError(
+                f"{e}: {jobs.get_job_info(job.group())}\n{stop.stdout[-2000:]}{stop.stderr[-2000:]}\n"
+                + jobs.get_job_logs(job.group())[-6000:]
+            ) from None
+        logs = jobs.get_job_logs(job.group())
         # the job's logs carry the same progress lines as a local run, and say how to resume
         for line in (f"outputs: {run}", "warm start done", "eval [after warm start]", "stopped by SIGTERM"):
-            assert line in logs, line
+            assert line in logs, f"{line!r} not in the job's logs:\n{logs[-5000:]}"
         apps = _get_json(f"{dashboard}/api/serve/applications/") or {}
         assert not apps.get("applications"), f"Serve apps outlived the stopped run: {list(apps['applications'])}"
 
