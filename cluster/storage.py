@@ -243,10 +243,10 @@ def fetch_fresh(location: str, into: str | Path) -> Path:
 
 @contextlib.contextmanager
 def staged(location: str) -> Iterator[Path]:
-    """A local folder to write `location`'s files into: the folder itself for a path, else a node-local
-    temporary one uploaded on success (a failed write uploads nothing)."""
+    """A local folder to write `location`'s files into: the folder itself for a path (created by the
+    writer, so a write refused before it starts leaves nothing), else a node-local temporary one,
+    uploaded on success (a failed write uploads nothing)."""
     if not is_uri(location):
-        Path(location).mkdir(parents=True, exist_ok=True)
         yield Path(location)
         return
     with tempfile.TemporaryDirectory(prefix="mcprl-stage-") as tmp:

@@ -52,10 +52,14 @@ def test_round_trip(root: str, tmp_path: Path) -> None:
 def test_staged_uploads_only_on_success(root: str) -> None:
     where = storage.join(root, "adapter")
     with pytest.raises(RuntimeError), storage.staged(where) as local:
+        local.mkdir(parents=True, exist_ok=True)  # the writer's job, as in every real one
         (local / "half.bin").write_bytes(b"x")
         raise RuntimeError("the writer died")
-    assert storage.exists(storage.join(where, "half.bin")) == (not storage.is_uri(where))  # a folder is in place
+    assert storage.exists(storage.join(where, "half.bin")) == (
+        not storage.is_uri(where)
+    )  # a folder is written in place
     with storage.staged(where) as local:
+        local.mkdir(parents=True, exist_ok=True)
         (local / "adapter_config.json").write_text("{}")
     assert storage.exists(storage.join(where, "adapter_config.json"))
     assert (storage.fetch(where) / "adapter_config.json").read_text() == "{}"
