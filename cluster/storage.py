@@ -219,13 +219,25 @@ def download(location: str, local: str | Path) -> Path:
 
 def fetch(location: str) -> Path:
     """A local folder or file holding what `location` holds: the path itself, or, for a URI, a copy in
-    this node's cache downloaded once (for what does not change once written: models, adapters,
-    checkpoints; a step's checkpoint written again gets a new copy, see `fetch_fresh`)."""
+    this node's cache, downloaded once per node for each version of the stored files (their names, sizes
+    and times): a run's `sft/` or `final_adapter/` written again by a fresh run is downloaded again."""
     if not is_uri(location):
         return Path(location)
+    import pyarrow.fs as pafs
+
     from actors.models import default_cache_dir, file_lock
 
-    key = hashlib.sha1(location.encode()).hexdigest()[:16]
+    fs, path = _fs(location)
+    info = _call(location, "stat", lambda: fs.get_file_info(path))
+    if info.type == pafs.FileType.NotFound:
+        raise StorageError(f"storage {location!r}: not found")
+    found = (
+        [info]
+        if info.type == pafs.FileType.File
+        else _call(location, "list", lambda: fs.get_file_info(pafs.FileSelector(path, recursive=True)))
+    )
+    stamp = sorted((i.path, i.size, i.mtime_ns) for i in found if i.type == pafs.FileType.File)
+    key = hashlib.sha1(f"{location}{stamp}".encode()).hexdigest()[:16]
     folder = default_cache_dir() / "storage" / f"{name(location) or 'root'}-{key}"
     done = folder.with_name(folder.name + ".done")
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -234,11 +246,6 @@ def fetch(location: str) -> Path:
             download(location, folder)
             done.touch()
     return folder
-
-
-def fetch_fresh(location: str, into: str | Path) -> Path:
-    """`location` downloaded into `into` now (a path is used in place)."""
-    return Path(location) if not is_uri(location) else download(location, into)
 
 
 @contextlib.contextmanager

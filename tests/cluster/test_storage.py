@@ -63,6 +63,10 @@ def test_staged_uploads_only_on_success(root: str) -> None:
         (local / "adapter_config.json").write_text("{}")
     assert storage.exists(storage.join(where, "adapter_config.json"))
     assert (storage.fetch(where) / "adapter_config.json").read_text() == "{}"
+    with storage.staged(where) as local:  # written again (a fresh run of the same name): fetched again
+        local.mkdir(parents=True, exist_ok=True)
+        (local / "adapter_config.json").write_text('{"r": 8}')
+    assert (storage.fetch(where) / "adapter_config.json").read_text() == '{"r": 8}'
 
 
 def test_mirror_pushes_what_changed(root: str, tmp_path: Path) -> None:
