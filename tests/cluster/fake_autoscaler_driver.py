@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import cluster.ray_env  # noqa: F401  (before ray)
@@ -97,4 +98,5 @@ def main(address: str) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    print("RESULT " + json.dumps(main(sys.argv[1])), flush=True)
+    # The result goes to a file: Ray's autoscaler messages share this process's stdout and may end without a newline.
+    Path(sys.argv[2]).write_text(json.dumps(main(sys.argv[1])))

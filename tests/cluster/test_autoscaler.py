@@ -21,22 +21,22 @@ from .fake_autoscaler_driver import GPU_LIKE
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_preflight_grows_the_cluster_for_a_role_and_refuses_one_no_node_type_holds() -> None:
+def test_preflight_grows_the_cluster_for_a_role_and_refuses_one_no_node_type_holds(tmp_path: Path) -> None:
+    result = tmp_path / "result.json"
     workers = {"gpu_like": {"resources": {"CPU": 1, GPU_LIKE: 1}, "max_workers": 1}}
     with fake_autoscaling_cluster(head_cpus=1, workers=workers) as address:
         env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
         env.update(CLUSTER_ENV, PYTHONPATH=str(ROOT))
         proc = subprocess.run(
-            [sys.executable, "-m", "tests.cluster.fake_autoscaler_driver", address],
+            [sys.executable, "-m", "tests.cluster.fake_autoscaler_driver", address, str(result)],
             cwd=ROOT,
             env=env,
             capture_output=True,
             text=True,
             timeout=240,
         )
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
-    out = json.loads(lines[-1].removeprefix("RESULT "))
+    assert proc.returncode == 0 and result.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = json.loads(result.read_text())
 
     # Dry run: the engine needs the worker type, the rest fits the head; nothing is asked of the autoscaler.
     assert out["dry"]["ok"], out["dry"]
