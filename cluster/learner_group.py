@@ -230,11 +230,8 @@ class LearnerGroup:
 
 def _rendezvous_address() -> tuple[str, int]:
     """This node's IP and a port free on it (for rank 0's TCPStore)."""
-    import socket
-
     import ray
 
-    with socket.socket() as s:
-        s.bind(("", 0))
-        port = s.getsockname()[1]
-    return ray.util.get_node_ip_address(), port
+    from cluster.local_cluster import free_port
+
+    return ray.util.get_node_ip_address(), free_port("")

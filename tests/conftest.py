@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 
 # No test may reach the real Hugging Face Hub: offline mode for this process, and (inherited through
 # os.environ) for every subprocess, Ray worker and Serve replica the tests start. Set before anything
@@ -14,13 +13,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 
 import cluster.ray_env  # noqa: F401  (before ray: loopback-only listeners)
+from cluster.local_cluster import free_port  # noqa: F401  (the tests import it from here)
 from configs.schema import ClusterConfig
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")

@@ -11,18 +11,14 @@ only processes this harness started.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.conftest import free_port
+from cluster.local_cluster import RAY, clean_env, free_port, node_port_flags, stop_group
 
 HEAD_TYPE = "ray.head.default"  # the fake provider's name for the head's type
 
@@ -59,28 +55,6 @@ def autoscaler_config(gcs_port: int, head: dict[str, float], workers: dict[str, 
     }
 
 
-# Every Ray process of the fake cluster, and its drivers: loopback, no token, no telemetry.
-CLUSTER_ENV = {
-    "RAY_AUTH_MODE": "disabled",
-    "RAY_USAGE_STATS_ENABLED": "0",
-    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",  # the autoscaler's worker nodes take 127.0.0.1 as their address
-}
-
-
-# Ports every node binds: free ones, so that several Rays (the test session's, a test's cluster) live side by side.
-NODE_PORTS = (
-    "ray-client-server",
-    "dashboard-agent-listen",
-    "dashboard-agent-grpc",
-    "metrics-export",
-    "runtime-env-agent",
-)
-
-
-def node_port_flags() -> list[str]:
-    return [f"--{name}-port={free_port()}" for name in NODE_PORTS]
-
-
 @contextmanager
 def fake_autoscaling_cluster(head_cpus: float, workers: dict[str, dict]) -> Iterator[str]:
     """A head (`head_cpus` CPUs) whose autoscaler can add `workers` node types; yields its GCS address."""
@@ -88,10 +62,9 @@ def fake_autoscaling_cluster(head_cpus: float, workers: dict[str, dict]) -> Iter
     port = free_port()
     config = tmp / "autoscaler.json"
     config.write_text(json.dumps(autoscaler_config(port, {"CPU": head_cpus}, workers)))
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env.update(CLUSTER_ENV, RAY_FAKE_CLUSTER="1", AUTOSCALER_UPDATE_INTERVAL_S="1")
+    env = clean_env({"RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1"})
     cmd = [
-        str(Path(sys.executable).with_name("ray")), "start", "--head", "--block",
+        RAY, "start", "--head", "--block",
         f"--port={port}", "--node-ip-address=127.0.0.1", f"--temp-dir={tmp / 'ray'}",
         f"--num-cpus={head_cpus:g}", f"--autoscaling-config={config}", "--include-dashboard=false",
         *node_port_flags(),
@@ -104,21 +77,3 @@ def fake_autoscaling_cluster(head_cpus: float, workers: dict[str, dict]) -> Iter
         stop_group(head)
         log.close()
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def stop_group(head: subprocess.Popen) -> None:
-    """SIGTERM the head's process group (the head, its autoscaler, every node it started), then SIGKILL."""
-    for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(head.pid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(head.pid, 0)  # anyone left in the group?
-            except ProcessLookupError:
-                head.poll()
-                return
-            head.poll()
-            time.sleep(0.2)

@@ -10,12 +10,13 @@ process (tests/cluster/fake_autoscaler_driver.py), so the session's shared Ray i
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
-from .fake_autoscaler import CLUSTER_ENV, fake_autoscaling_cluster
+from cluster.local_cluster import clean_env
+
+from .fake_autoscaler import fake_autoscaling_cluster
 from .fake_autoscaler_driver import GPU_LIKE
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,8 +26,7 @@ def test_preflight_grows_the_cluster_for_a_role_and_refuses_one_no_node_type_hol
     result = tmp_path / "result.json"
     workers = {"gpu_like": {"resources": {"CPU": 1, GPU_LIKE: 1}, "max_workers": 1}}
     with fake_autoscaling_cluster(head_cpus=1, workers=workers) as address:
-        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-        env.update(CLUSTER_ENV, PYTHONPATH=str(ROOT))
+        env = clean_env({"PYTHONPATH": str(ROOT)})
         proc = subprocess.run(
             [sys.executable, "-m", "tests.cluster.fake_autoscaler_driver", address, str(result)],
             cwd=ROOT,

@@ -10,7 +10,6 @@ echoes the full URL and Authorization header, so tests can check that keys are r
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from collections import deque
@@ -23,6 +22,7 @@ from urllib.parse import parse_qsl, urlsplit
 import pytest
 from fastmcp import FastMCP
 
+from cluster.local_cluster import free_port
 from mcp_servers.errors import ToolFault, Unavailable, UpstreamError
 
 UNKNOWN = "NOPE"  # the symbol every stand-in treats as unknown
@@ -253,7 +253,4 @@ async def assert_documented(server: FastMCP, names: set[str]) -> None:
 
 def closed_port_url() -> str:
     """A loopback URL where nothing listens (network errors)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"http://127.0.0.1:{port}"
+    return f"http://127.0.0.1:{free_port()}"
