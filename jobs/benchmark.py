@@ -4,6 +4,7 @@
     python -m jobs.benchmark --suite env [--calls 300]
     python -m jobs.benchmark --suite rollout [--calls 300]
     python -m jobs.benchmark --suite train      (sizes: python -m jobs.bench_train --help)
+    python -m jobs.benchmark --suite job        (ray job submit vs local: python -m jobs.bench_job --help)
 
 Suite `tools`: one cheap tool (polygon.previous_close, offline) called through three doors —
 the in-process FastMCP client, a Serve handle, and MCP over HTTP through Serve's proxy — and a
@@ -687,11 +688,19 @@ def suite_train(cfg: Config, calls: int, console: Console) -> dict[str, Any]:
     return run_train_suite(None)
 
 
+def suite_job(cfg: Config, calls: int, console: Console) -> dict[str, Any]:
+    """A submitted ci-tiny run against the same run started locally (`python -m jobs.bench_job --help`)."""
+    from jobs.bench_job import run_job_suite
+
+    return run_job_suite(None)
+
+
 SUITES = {
     "tools": (suite_tools, print_tools),
     "env": (suite_env, print_env),
     "rollout": (suite_rollout, print_rollout),
     "train": (suite_train, lambda report, console: None),
+    "job": (suite_job, lambda report, console: None),
 }
 
 
