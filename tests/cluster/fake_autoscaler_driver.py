@@ -1,13 +1,15 @@
 """The driver of test_autoscaler.py, run in its own process against the fake autoscaling cluster at argv[1].
 
-It prints one JSON object: what preflight said (dry run, --run, and a role no node type holds), where an
-engine-shaped workload ran, and how the node count moved. The test asserts on it.
+It writes one JSON object to argv[2]: what preflight said (a dry run, and a role no node type holds), how a
+whole `jobs.train --run` (its outputs under argv[3]) ended, and how the node count moved. The test asserts on it.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,7 @@ from configs.schema import Config, Resources
 
 GPU_LIKE = "mcprl_gpu_worker"
 DEADLINE_S = 60.0
+RUN_TIMEOUT_S = 240
 
 
 def run_config(address: str) -> Config:
@@ -46,19 +49,7 @@ def wait_nodes(count: int) -> float:
     return time.monotonic() - t0
 
 
-class Probe:
-    def node(self) -> str:
-        import ray
-
-        return ray.get_runtime_context().get_node_id()
-
-
-def main(address: str) -> dict[str, Any]:
-    import ray
-    from ray.util.placement_group import placement_group, remove_placement_group
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-    from cluster.placement import release_request, wait_placed
+def main(address: str, storage: str) -> dict[str, Any]:
     from jobs.preflight import Preflight, check_resources
 
     out: dict[str, Any] = {}
@@ -76,27 +67,53 @@ def main(address: str) -> dict[str, Any]:
     check_resources(h100, never, request=True)
     out["never"] = {"ok": never.checks[0].ok, "detail": never.checks[0].detail, "fix": never.checks[0].fix}
 
-    run = Preflight()
-    check_resources(cfg, run, request=True)  # what `--run` does: asks the autoscaler for every role's bundles
-    out["run"] = {"ok": run.checks[0].ok, "detail": run.checks[0].detail}
-    out["grew_s"] = wait_nodes(len(head) + 1)
+    # A whole ci-tiny run (`jobs.train --run`, its own process), its engine shaped like the worker type. Its
+    # preflight asks the autoscaler for room; the engine can only be placed on the node that adds; the run
+    # ends by withdrawing its request, so the node goes idle and away.
+    peak = [len(head)]
+    watching = threading.Event()
 
-    # The engine's shape, placed as RolloutGroup places it: a placement group of its own, the actor inside.
-    res = cfg.rollout.engine_resources
-    pg = placement_group([res.bundle()], strategy="PACK", name="mcprl:fake:engine-0")
-    wait_placed([pg], "engine-shaped probe", timeout_s=DEADLINE_S)
-    strategy = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0)
-    probe = ray.remote(Probe).options(**res.actor_options(), scheduling_strategy=strategy).remote()
-    out["engine_node"] = ray.get(probe.node.remote(), timeout=DEADLINE_S)
-    out["head_nodes"] = head
-    ray.kill(probe)
-    remove_placement_group(pg)
+    def watch() -> None:
+        while not watching.wait(0.5):
+            peak[0] = max(peak[0], len(alive()))
 
-    release_request()  # what the driver does at the end of a run
-    out["shrank_s"] = wait_nodes(len(head))
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(train_command(address, storage), capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+        rc, log = proc.returncode, proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired as e:
+        parts = (x.decode() if isinstance(x, bytes) else x or "" for x in (e.stdout, e.stderr))
+        rc, log = "timed out", f"{e}\n" + "".join(parts)
+    watching.set()
+    watcher.join()
+    out["run"] = {"rc": rc, "s": time.monotonic() - t0, "log": log}
+    out["peak_nodes"] = peak[0]
+    try:
+        out["shrank_s"] = wait_nodes(len(head))
+    except TimeoutError as e:
+        out["shrank_s"] = str(e)
     return out
+
+
+def train_command(address: str, storage: str) -> list[str]:
+    sets = {
+        "cluster.address": address,
+        "rollout.engine_resources": f"{{num_cpus: 1, resources: {{{GPU_LIKE}: 1}}}}",
+        "train.storage": storage,
+        "data.train": f"{storage}/data/tasks.train.jsonl",
+        "data.validation": f"{storage}/data/tasks.validation.jsonl",
+        "train.steps": "1",
+        "train.eval_tasks": "2",
+        "tools.servers.fmp.enabled": "false",
+        "generation.domains": "[polygon]",
+        "cluster.num_cpus": "null",
+    }
+    argv = ["--config", "configs/ci-tiny.yaml", "--run", *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")]]
+    return [sys.executable, "-m", "jobs.train", *argv]
 
 
 if __name__ == "__main__":
     # The result goes to a file: Ray's autoscaler messages share this process's stdout and may end without a newline.
-    Path(sys.argv[2]).write_text(json.dumps(main(sys.argv[1])))
+    Path(sys.argv[2]).write_text(json.dumps(main(sys.argv[1], sys.argv[3])))
