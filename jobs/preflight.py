@@ -381,6 +381,10 @@ def run_preflight(cfg: Config, write: bool = False) -> Preflight:
     else:
         pf.add("data", False, "skipped: no tool listing to check the tasks against", "fix the MCP servers first")
     check_template(cfg, pf)
+    if write and not pf.ok:
+        from cluster.placement import release_request
+
+        release_request()  # nothing will start: the nodes asked for must not stay up
     return pf
 
 

@@ -510,6 +510,9 @@ def main(argv: list[str] | None = None) -> None:
         usage_error("--resume and --fresh contradict each other")
     from jobs.preflight import run_preflight
 
+    run = run_location(cfg)
+    if args.run and latest_checkpoint(run) is not None and not (args.resume or args.fresh):
+        usage_error(f"{run} already holds checkpoints: add --resume, or --fresh to start over")
     pf = run_preflight(cfg, write=args.run)  # a dry run writes nothing
     print_preflight(pf, cfg)
     if not pf.ok:
@@ -522,9 +525,6 @@ def main(argv: list[str] | None = None) -> None:
     from cluster.metrics import dashboard_line, metrics_run
     from cluster.ray_env import ray_session
 
-    run = run_location(cfg)
-    if latest_checkpoint(run) is not None and not (args.resume or args.fresh):
-        usage_error(f"{run} already holds checkpoints: add --resume, or --fresh to start over")
     if not args.resume and storage.exists(run):
         storage.delete(run)  # a fresh run leaves nothing from an earlier, checkpoint-less one
     print(f"outputs: {run}", flush=True)
