@@ -357,6 +357,8 @@ class RolloutGroup:
             **self.cfg.rollout.engine_resources.actor_options(),
             "scheduling_strategy": PlacementGroupSchedulingStrategy(self.groups[i], placement_group_bundle_index=0),
             "max_concurrency": ENGINE_MAX_CONCURRENCY,
+            # vLLM reads its level at import; Ray merges these env_vars into the job's runtime env
+            "runtime_env": {"env_vars": {"VLLM_LOGGING_LEVEL": self.cfg.logging.engine_log_level}},
         }
 
     def _runner_options(self) -> dict[str, Any]:

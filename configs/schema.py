@@ -622,6 +622,11 @@ class LoggingConfig(Strict):
         description="Export Ray metrics tagged run=<run_name> (cluster/metrics.py lists them): the driver's step "
         "figures, each engine's policy version, tool latency and errors; cluster/grafana/mcprl.json plots them.",
     )
+    engine_log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        "WARNING",
+        description="What vLLM prints in the engine actors, which Ray echoes into the driver's (and the job's) log; "
+        "every line also stays in Ray's worker log files. `-v` makes it INFO.",
+    )
 
 
 # --------------------------------------------------------------------------- model, cluster

@@ -48,7 +48,8 @@ def setup(args: argparse.Namespace) -> Config:
     for noisy in ("httpx", "httpx2", "mcp"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     load_dotenv_file()
+    overrides = [*(["logging.engine_log_level=INFO"] if args.verbose else []), *args.overrides]
     try:
-        return load_config(args.config, args.overrides)
+        return load_config(args.config, overrides)
     except ConfigError as e:
         usage_error(str(e))

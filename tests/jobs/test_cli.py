@@ -1,0 +1,13 @@
+"""The shared command-line setup of every job."""
+
+from __future__ import annotations
+
+from jobs.cli import base_parser, setup
+
+
+def test_verbose_lets_the_engines_log_at_info_and_the_config_can_say_so_too() -> None:
+    parser = base_parser("x")
+    assert setup(parser.parse_args([])).logging.engine_log_level == "WARNING"
+    assert setup(parser.parse_args(["-v"])).logging.engine_log_level == "INFO"
+    quiet = parser.parse_args(["-v", "--set", "logging.engine_log_level=ERROR"])
+    assert setup(quiet).logging.engine_log_level == "ERROR"  # an explicit key wins over -v
