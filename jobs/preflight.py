@@ -262,6 +262,11 @@ def check_model(cfg: Config, pf: Preflight) -> None:
     if not pf.tokenizer.chat_template:
         pf.add("model", False, f"{name} has no chat template", "choose an instruct/chat model")
         return
+    positions = getattr(model_cfg, "max_position_embeddings", None)
+    if cfg.rollout.backend == "vllm" and positions and cfg.rollout.max_model_len > positions:
+        detail = f"rollout.max_model_len {cfg.rollout.max_model_len} > {name}'s {positions} positions (vLLM refuses)"
+        pf.add("model", False, detail, f"set rollout.max_model_len to at most {positions}")
+        return
     pf.add("model", True, f"{name}: {model_cfg.model_type}, vocab {model_cfg.vocab_size}, {where}")
 
 

@@ -25,3 +25,17 @@ def test_model_check_names_the_model_and_the_node_offline(tmp_path: Path, monkey
     assert "HF_HUB_OFFLINE is set" in check.detail
     assert "HF_HUB_OFFLINE" in check.fix
     assert pf.tokenizer is None
+
+
+def test_model_check_refuses_a_vllm_context_longer_than_the_models_positions() -> None:
+    cfg = Config()  # tiny-random: 2048 positions
+    cfg.rollout.backend, cfg.rollout.max_model_len = "vllm", 4096
+    pf = Preflight()
+    check_model(cfg, pf)
+    [check] = pf.checks
+    assert not check.ok and "rollout.max_model_len 4096 > tiny-random's 2048 positions" in check.detail
+    assert check.fix == "set rollout.max_model_len to at most 2048"
+    cfg.rollout.max_model_len = 2048
+    pf = Preflight()
+    check_model(cfg, pf)
+    assert pf.checks[0].ok, pf.checks[0].detail
