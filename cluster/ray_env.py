@@ -34,6 +34,29 @@ if not os.environ.get("RAY_ADDRESS"):
         os.environ.setdefault(_key, _value)
 
 
+def replica_on_loopback() -> None:
+    """Ray Serve (2.60) binds each replica's inter-deployment gRPC server to every interface ("[::]:0"),
+    whatever the node's address. On a node at 127.0.0.1 (the embedded default, the loopback test clusters)
+    bind it there too. Call it in a deployment's __init__: Serve starts that server after __init__ returns."""
+    import ray
+
+    if ray.util.get_node_ip_address() != "127.0.0.1":
+        return
+    try:
+        from ray.serve._private import replica
+    except ImportError:  # another Ray layout: nothing to narrow
+        return
+    bind = replica.add_port_to_grpc_server
+    if getattr(bind, "on_loopback", False):
+        return
+
+    def bind_loopback(server: Any, address: str) -> int:
+        return bind(server, address.replace("[::]", "127.0.0.1", 1))
+
+    bind_loopback.on_loopback = True  # type: ignore[attr-defined]
+    replica.add_port_to_grpc_server = bind_loopback
+
+
 @dataclass
 class RayHandle:
     address: str

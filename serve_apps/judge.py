@@ -44,6 +44,9 @@ def _deployment_class() -> Any:
 
     class JudgeDeployment:
         def __init__(self, cfg: JudgeConfig, secrets: dict[str, str]) -> None:
+            from cluster.ray_env import replica_on_loopback
+
+            replica_on_loopback()
             os.environ.update(secrets)  # this replica's own process: the client reads its key, redaction the rest
             limiter = RateLimiter(cfg.rate_limit_per_s) if cfg.rate_limit_per_s else None
             self.judge = Judge(cfg, limiter=limiter)

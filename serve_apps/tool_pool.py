@@ -245,6 +245,9 @@ def _deployment_class() -> Any:
     @serve.ingress()
     class MCPServer:
         async def __init__(self, spec: ServerSpec, token: str | None, secrets: dict[str, str]) -> None:
+            from cluster.ray_env import replica_on_loopback
+
+            replica_on_loopback()
             logging.getLogger("fastmcp").setLevel(logging.ERROR)  # bad arguments are results, not news
             os.environ.update(secrets)  # this replica's own process: backends read keys from the environment
             self.spec = spec

@@ -315,3 +315,19 @@ async def test_external_session_reconnects_after_the_server_process_dies():
         assert r.structured["pid"] != first
     finally:
         await local.close()
+
+
+def test_every_listener_of_the_embedded_ray_and_the_pool_is_on_loopback(pool) -> None:
+    """The embedded default keeps every port on 127.0.0.1: Ray's own, the Serve proxy's, and each replica's
+    inter-deployment gRPC server (Ray binds that one to every interface; cluster.ray_env narrows it)."""
+    import psutil
+
+    ours = {p.pid for p in psutil.Process().children(recursive=True)}
+    listening = [c for c in psutil.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN and c.pid in ours]
+    assert len(listening) > 10, listening  # the GCS, raylet, workers, proxy and replicas are all in there
+    beyond = [
+        (c.laddr, psutil.Process(c.pid).name())
+        for c in listening
+        if c.laddr.ip not in ("127.0.0.1", "::1", "::ffff:127.0.0.1")
+    ]
+    assert not beyond, f"listening beyond loopback: {beyond}"
