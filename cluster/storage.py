@@ -48,6 +48,16 @@ def resolve(location: str) -> str:
     return str(path.absolute())
 
 
+def node_path(location: str, key: str) -> Path:
+    """A file that the driver reads or writes on its own node (task files, evaluation results), resolved like
+    any storage location (a relative path in a submitted job lands under ~/mcprl, not in the job's working
+    directory). `key` names the setting in the error for a URI."""
+    resolved = resolve(location)
+    if is_uri(resolved):
+        raise StorageError(f"{key} {location}: a URI; this file is read and written on the driver's node: give a path")
+    return Path(resolved)
+
+
 def join(location: str, *parts: str) -> str:
     """`location/part/...`; a URI keeps its query string at the end."""
     if not is_uri(location):

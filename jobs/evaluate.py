@@ -16,6 +16,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from cluster import storage
 from configs.schema import SamplingConfig
 from jobs.cli import base_parser, setup, usage_error
 
@@ -65,8 +66,6 @@ def read_adapter(folder: str | Path) -> dict[str, Any]:
     """A PEFT adapter folder as the engines take it: {"config": ..., "state_dict": ...}."""
     from safetensors.torch import load_file
 
-    from cluster import storage
-
     folder = storage.fetch(str(folder))  # a storage URI: downloaded once
     config_file, weights = folder / "adapter_config.json", folder / "adapter_model.safetensors"
     if not config_file.is_file() or not weights.is_file():
@@ -114,8 +113,10 @@ def main(argv: list[str] | None = None) -> None:
     from tasks.inventory import load_inventory
 
     try:
+        args.tasks = str(storage.node_path(args.tasks, "--tasks"))
+        out = storage.node_path(args.out, "--out") if args.out else Path(args.tasks).with_suffix(".eval.json")
         rows = load_tasks(args.tasks, asyncio.run(load_inventory(cfg.tools)), "--tasks")
-    except DataError as e:
+    except (DataError, storage.StorageError) as e:
         usage_error(str(e))
     rows = rows[: args.limit] if args.limit else rows
     from cluster.ray_env import ray_session
@@ -129,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"  parse failures per turn {result['parse_failure_rate']:.2f}; infra faults {result['infra_faults']}")
     for name, s in result["tool_calls"].items():
         print(f"  {name:40s} {s['calls']:4d} calls, {s['error_rate']:.0%} errors")
-    out = Path(args.out) if args.out else Path(args.tasks).with_suffix(".eval.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     print(f"results: {out}")
     sys.exit(0)

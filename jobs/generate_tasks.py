@@ -33,6 +33,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from cluster import storage
 from configs.loader import ConfigError, apply_openai_env
 from configs.schema import Config, LiveService, SlackConfig, ToolsConfig
 from jobs.cli import base_parser, setup, usage_error
@@ -234,7 +235,11 @@ def _status(message: str) -> Any:
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     cfg = setup(args)
-    out = Path(args.out)
+    try:
+        out = storage.node_path(args.out, "--out")
+    except storage.StorageError as e:
+        usage_error(str(e))
+    args.out = str(out)  # a relative --out in a submitted job: under ~/mcprl, not its deleted working directory
     if out.suffix.lower() not in FORMATS:
         usage_error(f"--out {out}: unknown file type {out.suffix or '(none)'!r}; use one of {', '.join(FORMATS)}")
     if args.method == "dependent" and not args.in_path:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cluster import storage
 from cluster.placement import ClusterView, NodeType, Role
 from configs.schema import Config, LiveService
 
@@ -144,7 +145,7 @@ def generated_data_paths(cfg: Config) -> tuple[Path, dict[str, Path]]:
     """Where `data.generate: rule` writes: `<dir>/<stem>.jsonl` splits into `<dir>/<stem>.<split>.jsonl`."""
     from jobs.generate_tasks import output_paths
 
-    train = Path(cfg.data.train)
+    train = storage.node_path(cfg.data.train, "data.train")
     stem, dot, split = train.stem.rpartition(".")
     if not dot or split != "train":
         raise ValueError(
@@ -163,9 +164,9 @@ def task_files(cfg: Config, write: bool) -> Iterator[tuple[str, dict[str, Path]]
     With `data.generate: rule` and files missing, the rule tasks are generated: into their configured
     place when `write`, else (a dry run writes nothing) into a temporary folder that exists only
     while the context is open."""
-    wanted = {"data.train": Path(cfg.data.train)}
+    wanted = {"data.train": storage.node_path(cfg.data.train, "data.train")}
     if cfg.data.validation:
-        wanted["data.validation"] = Path(cfg.data.validation)
+        wanted["data.validation"] = storage.node_path(cfg.data.validation, "data.validation")
     if cfg.data.generate != "rule" or all(p.is_file() for p in wanted.values()):
         yield ("task files present" if cfg.data.generate == "rule" else "task files"), wanted
         return
@@ -214,6 +215,9 @@ def check_data(cfg: Config, pf: Preflight, write: bool = False) -> None:
                 pf.validation_rows = load_tasks(files["data.validation"], inventory, "data.validation", live)
     except DataError as e:
         pf.add("data", False, str(e), "fix or drop the rows named (python -m jobs.validate_tasks --in FILE)")
+        return
+    except storage.StorageError as e:
+        pf.add("data", False, str(e), "set data.train and data.validation to paths on the driver's node")
         return
     except Exception as e:
         pf.add("data", False, f"generating tasks failed: {e}", "fix the generation section or data paths")

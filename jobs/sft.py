@@ -202,7 +202,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     cfg = setup(args)
 
-    path = Path(args.tasks or cfg.data.train)
+    try:
+        path = storage.node_path(args.tasks or cfg.data.train, "--tasks" if args.tasks else "data.train")
+    except storage.StorageError as e:
+        usage_error(str(e))
     if not path.is_file():
         what = "task file" if args.tasks else "task file (data.train; give --tasks FILE or --set data.train=FILE)"
         usage_error(f"{path}: no such {what}")

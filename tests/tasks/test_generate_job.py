@@ -78,6 +78,12 @@ def runs(tmp: Path) -> dict[str, Run]:
         "missing_in": (["--method", "dependent", "--in", str(tmp / "missing.jsonl")], {}),
         "domain": (["--method", "rule", "--domains", "weather", "--out", str(tmp / "w.jsonl")], {}),
         "config": (["--method", "rule", "--set", "generation.max_turns=99"], {}),
+        "uri_out": (["--method", "rule", "--out", "s3://bucket/tasks.jsonl"], {}),
+        # a submitted Ray job: its working directory goes away, so a relative --out lands under ~/mcprl
+        "in_job": (
+            ["--method", "rule", "--n", "5", "--out", "data/job.jsonl"],
+            {"RAY_JOB_CONFIG_JSON_ENV_VAR": "{}", "HOME": str(tmp / "home")},
+        ),
     }
     with ThreadPoolExecutor(max_workers=len(invocations)) as ex:
         futures = {name: ex.submit(_run, args, env) for name, (args, env) in invocations.items()}
@@ -125,6 +131,14 @@ def test_rejected_rows_are_listed_with_their_reason(runs: dict[str, Run], tmp: P
     assert [r["reward_spec"]["ground_truth"]["task_id"] for r in read_rows(tmp / "d.jsonl")] == ["example-nvda-close"]
 
 
+def test_a_relative_out_in_a_submitted_job_lands_under_home_mcprl(runs: dict[str, Run], tmp: Path) -> None:
+    run = runs["in_job"]
+    assert run.rc == 0, run.out
+    written = tmp / "home" / "mcprl" / "data" / "job.jsonl"
+    assert f"to {written}" in run.out and len(read_rows(written)) == 5
+    assert not (ROOT / "data" / "job.jsonl").exists()
+
+
 def test_nothing_admitted_exits_1_without_a_file(runs: dict[str, Run], tmp: Path) -> None:
     run = runs["none_kept"]
     assert run.rc == 1, run.out
@@ -146,6 +160,7 @@ def test_nothing_admitted_exits_1_without_a_file(runs: dict[str, Run], tmp: Path
         ("missing_in", "no such file"),
         ("domain", "--domains/DOMAINS: no server weather"),
         ("config", "generation.max_turns"),
+        ("uri_out", "--out s3://bucket/tasks.jsonl: a URI; this file is read and written on the driver's node"),
     ],
 )
 def test_bad_input_exits_2_without_a_traceback(runs: dict[str, Run], name: str, message: str) -> None:
