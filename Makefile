@@ -53,6 +53,7 @@ bench: install sandbox
 	$(PY) -m jobs.benchmark --suite env
 	$(PY) -m jobs.benchmark --suite rollout
 	$(PY) -m jobs.benchmark --suite train
+	$(PY) -m jobs.benchmark --suite job
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

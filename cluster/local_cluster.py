@@ -5,6 +5,7 @@ starts a cluster. Each node binds free ports for everything it listens on (so it
 of a test session), is pinned to 127.0.0.1, has its own `--temp-dir` (so its own unpacked job working
 directories), and runs in its own session: stopping is killing that process group, only what we started.
 Token auth is off on the nodes and the CLI (`RAY_AUTH_MODE=disabled`); the README says how to submit with it on.
+A one-node cluster listens on loopback only; with worker nodes Ray's own ports listen on every interface.
 """
 
 from __future__ import annotations
@@ -138,7 +139,9 @@ def loopback_cluster(
     gcs, dash = free_port(), free_port()
     venv_bin = str(Path(sys.executable).parent)  # a job's `python` is the one on PATH where `ray start` ran
     node_env = clean_env(env)
-    node_env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "1"  # "0" refuses a second node; each is pinned to 127.0.0.1
+    # "0" keeps every listener on 127.0.0.1 but refuses a second node; with "1" a joining node takes the machine's
+    # address for the head's, and Ray's own ports listen on every interface (README: "Not yet done in step 7").
+    node_env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "1" if workers else "0"
     node_env["PATH"] = venv_bin + os.pathsep + node_env.get("PATH", "")
     node_env["RAY_JOB_STOP_WAIT_TIME_S"] = "60"  # what the runbook says to set: time for a stopped run to clean up
     commands = [
