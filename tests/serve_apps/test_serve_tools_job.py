@@ -51,7 +51,13 @@ async def test_serve_tools_serves_mcp_to_an_outside_client_and_stops_on_interrup
             res = await client.call_tool("post_message", {"channel": "general", "text": "from outside"})
             assert res.structured_content["message"]["text"] == "from outside"
         proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=120)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:  # say where it hangs, not only that it does
+            spy = [os.path.join(os.path.dirname(sys.executable), "py-spy"), "dump", "--pid", str(proc.pid)]
+            stack = subprocess.run(spy, capture_output=True, text=True)
+            lines = "".join(output.lines)
+            raise AssertionError(f"no exit 120 s after SIGINT:\n{stack.stdout}{stack.stderr}\n{lines}") from None
     finally:
         if proc.poll() is None:
             proc.kill()
