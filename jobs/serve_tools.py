@@ -34,6 +34,9 @@ def main(argv: list[str] | None = None) -> None:
     console = Console()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    # Ctrl-C stops it even when started with SIGINT ignored (as a script's background job is): Python then
+    # leaves SIGINT ignored instead of raising KeyboardInterrupt.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     with ray_session(cfg.cluster):
         try:
             pool = deploy_pool(cfg.tools, metrics_run(cfg))

@@ -36,12 +36,19 @@ class Output:
         return "".join(self.lines)
 
 
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 async def test_serve_tools_serves_mcp_to_an_outside_client_and_stops_on_interrupt():
     port = free_port()
     sets = [f"tools.http.port={port}"] + [f"tools.servers.{n}.enabled=false" for n in ("fmp", "tavily", "python")]
     args = [sys.executable, "-m", "jobs.serve_tools", *[a for s in sets for a in ("--set", s)]]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # started with SIGINT ignored, as a script's background job is (and as a test process may hand it down)
+    proc = subprocess.Popen(
+        args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=_ignore_sigint
+    )
     output = Output(proc)
     try:
         output.wait_for("Serving; press Ctrl-C to stop.", proc)
