@@ -15,23 +15,29 @@ from pathlib import Path
 from typing import Any
 
 import cluster.ray_env  # noqa: F401  (before ray)
-from configs.schema import Config, Resources
+from configs.loader import load_config
+from configs.schema import Resources
 
 GPU_LIKE = "mcprl_gpu_worker"
 DEADLINE_S = 60.0
 RUN_TIMEOUT_S = 240
+CONFIG = "configs/ci-tiny.yaml"
 
 
-def run_config(address: str) -> Config:
-    """A run whose engine needs the worker type's custom resource; the rest fits the 1-CPU head."""
-    cfg = Config()
-    cfg.cluster.address = address
-    cfg.rollout.engine_resources = Resources(num_cpus=1, resources={GPU_LIKE: 1})
-    cfg.learner.worker_resources = Resources(num_cpus=0.5)
-    for name in ("fmp", "tavily", "slack", "python"):
-        getattr(cfg.tools.servers, name).enabled = False
-    cfg.tools.servers.polygon.replica_resources = Resources(num_cpus=0.05)
-    return cfg
+def overrides(address: str, storage: str) -> dict[str, str]:
+    """ci-tiny, one step, polygon only, its engine needing the worker type's custom resource."""
+    return {
+        "cluster.address": address,
+        "cluster.num_cpus": "null",
+        "rollout.engine_resources": f"{{num_cpus: 1, resources: {{{GPU_LIKE}: 1}}}}",
+        "train.storage": storage,
+        "data.train": f"{storage}/data/tasks.train.jsonl",
+        "data.validation": f"{storage}/data/tasks.validation.jsonl",
+        "train.steps": "1",
+        "train.eval_tasks": "2",
+        "tools.servers.fmp.enabled": "false",
+        "generation.domains": "[polygon]",
+    }
 
 
 def alive() -> list[str]:
@@ -53,7 +59,7 @@ def main(address: str, storage: str) -> dict[str, Any]:
     from jobs.preflight import Preflight, check_resources
 
     out: dict[str, Any] = {}
-    cfg = run_config(address)
+    cfg = load_config(CONFIG, [f"{k}={v}" for k, v in overrides(address, storage).items()])
 
     dry = Preflight()
     check_resources(cfg, dry)  # connects
@@ -98,20 +104,8 @@ def main(address: str, storage: str) -> dict[str, Any]:
 
 
 def train_command(address: str, storage: str) -> list[str]:
-    sets = {
-        "cluster.address": address,
-        "rollout.engine_resources": f"{{num_cpus: 1, resources: {{{GPU_LIKE}: 1}}}}",
-        "train.storage": storage,
-        "data.train": f"{storage}/data/tasks.train.jsonl",
-        "data.validation": f"{storage}/data/tasks.validation.jsonl",
-        "train.steps": "1",
-        "train.eval_tasks": "2",
-        "tools.servers.fmp.enabled": "false",
-        "generation.domains": "[polygon]",
-        "cluster.num_cpus": "null",
-    }
-    argv = ["--config", "configs/ci-tiny.yaml", "--run", *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")]]
-    return [sys.executable, "-m", "jobs.train", *argv]
+    sets = [a for k, v in overrides(address, storage).items() for a in ("--set", f"{k}={v}")]
+    return [sys.executable, "-m", "jobs.train", "--config", CONFIG, "--run", *sets]
 
 
 if __name__ == "__main__":
