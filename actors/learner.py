@@ -363,7 +363,7 @@ class Learner:
         start clean; that optimizer is dropped at the first `train_step`. Returns sft_loss (the mean NLL
         before the step, all ranks), grad_norm, tokens, samples, step_time_s, tokens_per_s.
         """
-        from grpo.losses import sft_loss, token_logprobs
+        from grpo.losses import sft_loss
 
         self._require_setup()
         t0 = time.monotonic()
@@ -378,8 +378,7 @@ class Learner:
         self.model.train()
         for micro in self._micro_batches(batch):
             packed = self._pack(micro)
-            logits = self._logits(self.model, packed)
-            logp = token_logprobs(logits, packed["input_ids"])
+            logp, _ = self._token_logprobs(self.model, packed)
             loss, m = sft_loss(logp, packed["loss_mask"], normalizer=normalizer)
             (loss * self.backend.grad_scale).backward()
             _accumulate(sums, weights, {"sft_loss": m["sft_loss"]}, m["tokens"])
@@ -406,19 +405,20 @@ class Learner:
 
         self._require_setup()
         batch = [as_sample(s, i) for i, s in enumerate(samples)]
-        old, _, _ = self._score(batch, reference=False)
+        old, _, _ = self._score(batch, reference=False, selective=False)
         assert old is not None
         return [old[i][len(s.prompt_ids) - 1 :].tolist() for i, s in enumerate(batch)]
 
     def _score(
-        self, batch: list[Sample], reference: bool = True, policy: bool = True
+        self, batch: list[Sample], reference: bool = True, policy: bool = True, selective: bool = True
     ) -> tuple[list[torch.Tensor] | None, list[torch.Tensor] | None, dict[str, float]]:
         """Per sample (length num_tokens−1): the current policy's logprobs (None when not `policy`), and
-        the reference's (None without one). Metrics: entropy (0 when not `policy`), tokens, samples,
-        batch_tokens. With neither to compute, no forward runs (the counts are still reduced)."""
+        the reference's (None without one); `selective`: only at trained positions (0 elsewhere).
+        Metrics: entropy (0 when not `policy`), tokens, samples, batch_tokens. With neither to compute,
+        no forward runs (the counts are still reduced)."""
         import torch
 
-        from grpo.losses import entropy_from_logits, masked_mean, token_logprobs
+        from grpo.losses import masked_mean
 
         old: list[torch.Tensor | None] | None = [None] * len(batch) if policy else None
         ref: list[torch.Tensor | None] | None = [None] * len(batch) if reference and self.ref_kind != "none" else None
@@ -430,15 +430,15 @@ class Learner:
                 packed = self._pack([batch[i] for i in micro])
                 logp = None
                 if old is not None:
-                    logits = self._logits(self.model, packed)
-                    logp = token_logprobs(logits, packed["input_ids"]).float()
+                    logp, entropy = self._token_logprobs(self.model, packed, entropy=True, selective=selective)
+                    logp = logp.float()
                     mask = packed["loss_mask"].to(logp.device)
                     if micro:
                         n_tok = float(mask.sum())
-                        ent_sum += float(masked_mean(entropy_from_logits(logits), mask)) * n_tok
+                        ent_sum += float(masked_mean(entropy, mask)) * n_tok
                         tokens += n_tok
-                    del logits
-                ref_logp = self._reference_logprobs(packed) if ref is not None else None
+                    del entropy
+                ref_logp = self._reference_logprobs(packed, selective) if ref is not None else None
                 for row, i in enumerate(micro):
                     n = batch[i].num_tokens - 1
                     if old is not None:
@@ -459,23 +459,19 @@ class Learner:
         }
         return old, ref, metrics  # type: ignore[return-value]
 
-    def _reference_logprobs(self, packed: dict[str, torch.Tensor]) -> torch.Tensor:
-        from grpo.losses import token_logprobs
-
+    def _reference_logprobs(self, packed: dict[str, torch.Tensor], selective: bool = True) -> torch.Tensor:
         if self.ref_kind == "disabled_adapter":
             with self.model.disable_adapter():
-                logits = self._logits(self.model, packed)
+                logp, _ = self._token_logprobs(self.model, packed, selective=selective)
         elif self.ref_kind == "adapter":
             n = packed["input_ids"].shape[0]
-            logits = self._logits(self.model, packed, adapter_names=[_REF_ADAPTER] * n)
+            logp, _ = self._token_logprobs(self.model, packed, selective=selective, adapter_names=[_REF_ADAPTER] * n)
         elif self.ref_kind == "model":
-            logits = self._logits(self.reference, packed)
+            logp, _ = self._token_logprobs(self.reference, packed, selective=selective)
         else:  # offloaded_model: whole, on the CPU
             with _cpu_autocast(self.reference, self.cfg.learner.dtype):
-                logits = self.reference(
-                    input_ids=packed["input_ids"].cpu(), attention_mask=packed["attention_mask"].cpu(), use_cache=False
-                ).logits
-        return token_logprobs(logits, packed["input_ids"].to(logits.device)).float()
+                logp, _ = self._token_logprobs(self.reference, packed, selective=selective, device="cpu")
+        return logp.float()
 
     def _optimizer_step(
         self, minibatch: list[Sample], old: list[torch.Tensor] | None, ref: list[torch.Tensor] | None
@@ -484,9 +480,8 @@ class Learner:
 
         `old` None: strictly on-policy, old_t = this forward's logprobs, detached; the entropy metric is
         then taken from this forward as well (when the loss does not compute it already)."""
-        import torch
 
-        from grpo.losses import entropy_from_logits, masked_mean, policy_loss, token_logprobs
+        from grpo.losses import masked_mean, policy_loss
 
         alg = self.cfg.algorithm
         if alg.loss_reduction == "token":
@@ -500,17 +495,19 @@ class Learner:
         for micro in self._micro_batches(minibatch, indices=True):
             packed = self._pack([minibatch[i] for i in micro])
             width = packed["loss_mask"].shape[1]
-            logits = self._logits(self.model, packed)
-            logp = token_logprobs(logits, packed["input_ids"])
+            # On-policy without an entropy term, the entropy metric comes from this forward (no grad).
+            metric_entropy = old is None and alg.entropy_coef == 0
+            logp, entropy = self._token_logprobs(
+                self.model, packed, entropy="metric" if metric_entropy else alg.entropy_coef > 0
+            )
             dev = logp.device
-            entropy = entropy_from_logits(logits) if alg.entropy_coef > 0 else None
             if old is None:
                 old_logp = logp.detach().float()
-                if entropy is None:
-                    with torch.no_grad():
-                        mask = packed["loss_mask"].to(dev)
-                        ent = float(masked_mean(entropy_from_logits(logits.detach()), mask)) if micro else 0.0
+                if metric_entropy:
+                    mask = packed["loss_mask"].to(dev)
+                    ent = float(masked_mean(entropy, mask)) if micro else 0.0
                     _accumulate(sums, weights, {"entropy": ent}, float(mask.sum()) if micro else 0.0)
+                    entropy = None
             else:
                 old_logp = _pad_rows([old[i] for i in micro], width).to(dev)
             loss, m = policy_loss(
@@ -579,16 +576,48 @@ class Learner:
             "advantages": torch.zeros(1),
         }
 
-    def _logits(self, model: nn.Module, packed: dict[str, torch.Tensor], **kwargs: Any) -> torch.Tensor:
+    def _token_logprobs(
+        self,
+        model: nn.Module,
+        packed: dict[str, torch.Tensor],
+        *,
+        entropy: bool | str = False,
+        selective: bool = True,
+        device: str | None = None,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """log p of each next token, [N, T−1], and with `entropy` the next-token entropy ("metric": without
+        gradient). Selective (`learner.selective_logits`): the output layer runs only where the loss mask
+        is 1 (about a fifth of an episode's tokens), and both are 0 elsewhere; the float32 softmax over
+        the vocabulary at every position is most of a small model's step otherwise."""
+        import torch
+
+        from grpo.losses import entropy_from_logits, token_logprobs
+
         assert self.backend is not None and self.device is not None
-        with self.backend.compute():
-            out = model(
-                input_ids=packed["input_ids"].to(self.device),
-                attention_mask=packed["attention_mask"].to(self.device),
+        ids = packed["input_ids"]
+        keep = None
+        if selective and self.cfg.learner.selective_logits:
+            keep = torch.zeros(ids.shape, dtype=torch.bool)
+            keep[:, :-1] = packed["loss_mask"] > 0
+        with self.backend.compute(), _output_layer_at(model, keep):
+            logits = model(
+                input_ids=ids.to(device or self.device),
+                attention_mask=packed["attention_mask"].to(device or self.device),
                 use_cache=False,
                 **kwargs,
-            )
-        return out.logits
+            ).logits
+        if keep is None:
+            logp = token_logprobs(logits, ids.to(logits.device))
+            with torch.no_grad() if entropy == "metric" else contextlib.nullcontext():
+                ent = entropy_from_logits(logits) if entropy else None
+            return logp, ent
+        # logits: [1, K+1, V], row k predicting the k-th kept target; the last row is a placeholder.
+        targets = torch.cat([ids.new_zeros(1), ids[:, 1:][keep[:, :-1]]]).to(logits.device)
+        logp = _scatter_kept(token_logprobs(logits, targets[None]), keep)
+        with torch.no_grad() if entropy == "metric" else contextlib.nullcontext():
+            ent = _scatter_kept(entropy_from_logits(logits), keep) if entropy else None
+        return logp, ent
 
     def _refresh_reference(self) -> None:
         """periodic: ref ← policy every `reference_every` iterations; ema: ref ← a·ref + (1−a)·policy."""
@@ -870,6 +899,36 @@ def _cpu_autocast(model: nn.Module, dtype: str) -> contextlib.AbstractContextMan
     if stored == getattr(torch, dtype):
         return contextlib.nullcontext()
     return torch.autocast(device_type="cpu", dtype=getattr(torch, dtype))
+
+
+@contextlib.contextmanager
+def _output_layer_at(model: nn.Module, keep: torch.Tensor | None) -> Iterator[None]:
+    """While open, the model's output layer (LM head) sees only the hidden states at `keep` ([N, T] bool),
+    as one row [1, K+1, H]: the K kept positions in row-major order, then the last position of row 0 as a
+    placeholder (never kept, since position T−1 predicts nothing). The placeholder keeps every layer in
+    the graph when K is 0 (an empty micro-batch), so all ranks still run the same backward collectives.
+    A forward pre-hook, so it works whatever wraps the model (PEFT, FSDP2)."""
+    if keep is None:
+        yield
+        return
+    import torch
+
+    def select(_module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        hidden = args[0]
+        picked = torch.cat([hidden[keep.to(hidden.device)], hidden[0, -1:]])
+        return (picked[None], *args[1:])
+
+    handle = model.get_output_embeddings().register_forward_pre_hook(select)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def _scatter_kept(values: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """[1, K] values of the kept positions → [N, T−1], 0 elsewhere (differentiable)."""
+    mask = keep[:, :-1].to(values.device)
+    return values.new_zeros(mask.shape).masked_scatter(mask, values[0])
 
 
 def _accumulate(sums: dict[str, float], weights: dict[str, float], values: dict[str, float], weight: float) -> None:

@@ -548,6 +548,11 @@ class LearnerConfig(Strict):
     dtype: Literal["bfloat16", "float32"] = Field("bfloat16", description="Parameter/compute dtype of the learner.")
     gradient_checkpointing: bool = True
     micro_batch_tokens: int = Field(4096, ge=64, description="Tokens (padded) per forward/backward micro-batch.")
+    selective_logits: bool = Field(
+        True,
+        description="Run the LM head only where the loss mask is 1 (generated tokens), not at every prompt and "
+        "observation position; false: the whole sequence (the old path, kept for comparison).",
+    )
     reference: Literal["fixed", "periodic", "ema"] = Field("fixed", description="How the KL reference moves.")
     reference_every: int = Field(0, ge=0, description="periodic: copy the policy into the reference every N steps.")
     reference_ema: float = Field(0.99, gt=0, lt=1, description="ema: ref = a*ref + (1-a)*policy each step.")

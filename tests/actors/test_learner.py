@@ -359,3 +359,40 @@ def test_bad_setup_inputs() -> None:
     cfg.finetune.init_adapter = "/nonexistent/adapter"
     with pytest.raises(FileNotFoundError, match="init_adapter"):
         Learner(cfg).setup()
+
+
+@pytest.mark.parametrize(("kl_coef", "entropy_coef", "epochs"), [(0.0, 0.0, 1), (0.05, 0.01, 2)])
+def test_selective_logits_give_the_full_paths_metrics_and_update(
+    kl_coef: float, entropy_coef: float, epochs: int
+) -> None:
+    """The LM head only at trained positions (learner.selective_logits) is the same computation: the same
+    metrics and parameters after GRPO steps (with a KL reference, an entropy term, a scoring pass) and
+    after an SFT step, over two micro-batches; the LM head then saw only the trained positions."""
+
+    def run(selective: bool) -> tuple[dict[str, float], dict[str, float], dict[str, torch.Tensor]]:
+        cfg = make_cfg("lora", micro_batch_tokens=64, selective_logits=selective)
+        cfg.algorithm.kl_coef = kl_coef
+        cfg.algorithm.entropy_coef = entropy_coef
+        cfg.train.epochs = epochs
+        learner = Learner(cfg)
+        learner.setup()
+        rows: list[int] = []
+        head = learner.model.get_output_embeddings()
+        hook = head.register_forward_hook(lambda _m, _a, out: rows.append(out.shape[0] * out.shape[1]))
+        sft = learner.sft_step(fixed_batch(3))
+        grpo = learner.train_step(fixed_batch(5, advantage=0.5))
+        hook.remove()
+        # A micro-batch of n samples of 14 tokens, 5 trained: n·5 + 1 logit rows instead of n·14.
+        assert set(rows) <= ({3 * 5 + 1, 4 * 5 + 1, 1 * 5 + 1} if selective else {3 * 14, 4 * 14, 1 * 14}), rows
+        return sft, grpo, trained(learner)
+
+    sft_a, grpo_a, params_a = run(True)
+    sft_b, grpo_b, params_b = run(False)
+    assert sft_a["sft_loss"] == pytest.approx(sft_b["sft_loss"], rel=1e-3) and sft_a["tokens"] == sft_b["tokens"]
+    assert grpo_a.keys() == grpo_b.keys()
+    for k in ("policy_loss", "kl", "ratio_mean", "clip_frac", "entropy", "logprob_gap", "grad_norm", "tokens"):
+        if k in grpo_b:
+            assert grpo_a[k] == pytest.approx(grpo_b[k], rel=2e-3, abs=1e-5), k
+    assert grpo_a["entropy"] > 0
+    for name, value in params_b.items():
+        assert torch.allclose(params_a[name], value, rtol=1e-3, atol=1e-5), name
