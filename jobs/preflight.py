@@ -289,7 +289,7 @@ def check_template(cfg: Config, pf: Preflight) -> None:
     step = task.reward_spec.ground_truth.tool_sequence[0]
     try:
         # What an episode's prompt costs, rendered as the runner renders it (envs/prompting.py).
-        n_tokens = count_prompt_tokens(pf.tokenizer, task, pf.listing, cfg.env.final_answer)
+        n_tokens = count_prompt_tokens(pf.tokenizer, task, pf.listing, cfg.env.final_answer, cfg.env.tool_format)
         call = call_syntax(pf.tokenizer)(f"{step.server}.{step.tool}", step.params)
         call_ids = pf.tokenizer(call, add_special_tokens=False)["input_ids"]
         back = pf.tokenizer.decode(call_ids)
