@@ -304,7 +304,11 @@ def check_template(cfg: Config, pf: Preflight) -> None:
         return
     got = [(c.server, c.tool, c.arguments) for c in parsed.calls]
     want = [(step.server, step.tool, step.params)]
-    shown = "the chat template's tools=" if tool_prompt_for(pf.tokenizer) == "template" else "a system tool block"
+    shown = (
+        "the chat template's tools="
+        if tool_prompt_for(pf.tokenizer) == "template"
+        else f"a {cfg.env.tool_format} system tool block"
+    )
     ok = got == want
     pf.add(
         "chat template",
