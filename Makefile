@@ -54,6 +54,7 @@ bench: install sandbox
 	$(PY) -m jobs.benchmark --suite rollout
 	$(PY) -m jobs.benchmark --suite train
 	$(PY) -m jobs.benchmark --suite job
+	$(PY) -m jobs.benchmark --suite prompt --config configs/demo-cpu.yaml
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

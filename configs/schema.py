@@ -376,6 +376,15 @@ class EnvConfig(Strict):
         "returns them in info['tool_definitions'] for the chat template's tools=. mcprl's runners and expert play "
         "choose per model: template when its chat template renders tools (Qwen, Llama 3, Hermes), else system.",
     )
+    tool_format: Literal["compact", "json"] = Field(
+        "compact",
+        description="How the system tool block (tool_prompt system) lists the tools. compact: one line per tool, "
+        "a signature and the description's first sentence, e.g. `fmp.income_statement(symbol: string, period?: "
+        '"annual"|"quarter" = "annual") — Income statements, newest first: ...` (? = optional), under half of '
+        "json's tokens; json: one JSON object per tool (name, description, parameters schema without "
+        "validation-only keywords). The server checks every call against the full schema either way. "
+        "tool_prompt template is not affected: the chat template formats the tools.",
+    )
 
 
 class HeuristicWeights(Strict):

@@ -16,10 +16,10 @@ env_config=..., extras=row)` once `envs` is imported):
 
 One episode: `init(prompt)` returns the prompt and {task_id, max_turns, tools, tool_definitions}. The
 tool definitions (the servers of the task's tool_sequence) are shown as `env.tool_prompt` says:
-`system` puts our tool block in the system message (what a trainer that renders the messages without
-`tools=` needs, SkyRL's included); `template` leaves them to the caller, who passes
-`tool_definitions` as the chat template's `tools=` (mcprl's runners pick this for templates that
-render tools, see envs/prompting.py). Then `step(action)`/`astep(action)` per model turn:
+`system` puts our tool block in the system message, one line per tool in `env.tool_format` (what a
+trainer that renders the messages without `tools=` needs, SkyRL's included); `template` leaves them
+to the caller, who passes `tool_definitions` as the chat template's `tools=` (mcprl's runners pick
+this for templates that render tools, see envs/prompting.py). Then `step(action)`/`astep(action)` per model turn:
 parse → run each call (at most `max_calls_per_turn`) → one observation message per tool result or
 parse error (role `observation_role`, each cut at `max_observation_chars` with a note) → reward.
 
@@ -215,7 +215,7 @@ class MCPToolEnv(BaseTextEnv):
             log.warning("could not list tools (%s: %s); prompt without tool definitions", type(e).__name__, e)
         cfg = self.env_cfg
         source = prompt if prompt is not None else self.row_prompt
-        messages = prompt_messages(source, tools, cfg.tool_prompt, cfg.final_answer)
+        messages = prompt_messages(source, tools, cfg.tool_prompt, cfg.final_answer, cfg.tool_format)
         self.conversation = [dict(m) for m in messages]
         info = {
             "task_id": self.task_id,

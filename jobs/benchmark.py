@@ -5,6 +5,7 @@
     python -m jobs.benchmark --suite rollout [--calls 300]
     python -m jobs.benchmark --suite train      (sizes: python -m jobs.bench_train --help)
     python -m jobs.benchmark --suite job        (ray job submit vs local: python -m jobs.bench_job --help)
+    python -m jobs.benchmark --suite prompt --config configs/demo-cpu.yaml
 
 Suite `tools`: one cheap tool (polygon.previous_close, offline) called through three doors —
 the in-process FastMCP client, a Serve handle, and MCP over HTTP through Serve's proxy — and a
@@ -14,6 +15,11 @@ compare the columns of one run, not runs of different days.
 Suite `env`: MCPToolEnv's own cost per step. `astep` on a typical one-call Hermes turn against an
 instant in-process tool (a client that returns a canned result at once) vs that tool called alone;
 the difference is the env's overhead per step (parsing, reward, observation, metadata).
+
+Suite `prompt`: first-prompt tokens of the config's tasks with its model's tokenizer, the system tool
+block as JSON lines vs compact signatures (`env.tool_format`). The tasks are made in-process by the
+rule generator from the config's `generation` section (its servers offline), no Ray; each task is shown
+the tools of the servers it uses, as an episode is (`envs.prompting.count_prompt_tokens`).
 
 Suite `rollout`, side by side in one run (prints the machine too):
 - engines: HF vs vLLM tokens/s on SmolLM2-135M-Instruct, the same 32 chat prompts x 64 new tokens,
@@ -279,6 +285,62 @@ def print_env(report: dict[str, Any], console: Console) -> None:
     table.add_row("env astep", f"{report['env_astep_steps_per_s']:,.0f}", f"{report['env_astep_ms']:.4f}")
     console.print(table)
     console.print(f"env overhead per step: {report['env_overhead_ms']:.4f} ms (goal: < 0.2 ms)")
+
+
+# --------------------------------------------------------------------------- prompt suite
+
+TOOL_FORMATS = ("json", "compact")
+
+
+async def prompt_tasks(cfg: Config) -> tuple[list[Any], dict[str, list[dict[str, Any]]]]:
+    """The config's rule tasks (as TaskRows) and the tool listing of its servers, all offline."""
+    from jobs.generate_tasks import offline_tools
+    from serve_apps.tool_pool import LocalToolPool
+    from tasks.generators import get_generator
+    from tasks.generators.options import GenerateOptions
+    from tasks.schema import TaskRow
+
+    pool = await LocalToolPool.create(offline_tools(cfg.tools))
+    try:
+        listing = await pool.list_tools()
+        rows = await get_generator("rule")(cfg, GenerateOptions.from_config(cfg, splits={}), pool)
+    finally:
+        await pool.close()
+    return [TaskRow.model_validate(r) for r in rows], listing
+
+
+def suite_prompt(cfg: Config, calls: int, console: Console) -> dict[str, Any]:
+    from actors.models import load_tokenizer
+    from envs.prompting import count_prompt_tokens, tool_prompt_for
+
+    with console.status(f"prompt: {cfg.generation.n_samples} rule tasks, {cfg.model.name}'s tokenizer"):
+        rows, listing = asyncio.run(prompt_tasks(cfg))
+        tokenizer = load_tokenizer(cfg.model)
+        tokens = {
+            fmt: [count_prompt_tokens(tokenizer, row, listing, cfg.env.final_answer, fmt) for row in rows]
+            for fmt in TOOL_FORMATS
+        }
+    report: dict[str, Any] = {"model": cfg.model.name, "tasks": len(rows), "tool_prompt": tool_prompt_for(tokenizer)}
+    for fmt, n in tokens.items():
+        report[fmt] = {"mean": statistics.mean(n), "max": max(n), "min": min(n)} if n else {}
+    if rows:
+        report["compact_vs_json_mean"] = report["compact"]["mean"] / report["json"]["mean"]
+    return report
+
+
+def print_prompt(report: dict[str, Any], console: Console) -> None:
+    table = Table(title=f"first-prompt tokens, {report['tasks']} rule tasks, {report['model']}'s tokenizer")
+    for col in ("env.tool_format", "mean", "max", "min"):
+        table.add_column(col, justify="right" if col != "env.tool_format" else "left")
+    for fmt in TOOL_FORMATS:
+        if report[fmt]:
+            r = report[fmt]
+            table.add_row(fmt, f"{r['mean']:.1f}", str(r["max"]), str(r["min"]))
+    console.print(table)
+    if report["tool_prompt"] == "template":
+        console.print("this model's chat template renders tools=: tool_format does not apply to its prompts")
+    elif "compact_vs_json_mean" in report:
+        console.print(f"compact / json, mean: {report['compact_vs_json_mean']:.2f}")
 
 
 # --------------------------------------------------------------------------- rollout suite
@@ -701,6 +763,7 @@ SUITES = {
     "rollout": (suite_rollout, print_rollout),
     "train": (suite_train, lambda report, console: None),
     "job": (suite_job, lambda report, console: None),
+    "prompt": (suite_prompt, print_prompt),
 }
 
 

@@ -289,7 +289,7 @@ def check_template(cfg: Config, pf: Preflight) -> None:
     step = task.reward_spec.ground_truth.tool_sequence[0]
     try:
         # What an episode's prompt costs, rendered as the runner renders it (envs/prompting.py).
-        n_tokens = count_prompt_tokens(pf.tokenizer, task, pf.listing, cfg.env.final_answer)
+        n_tokens = count_prompt_tokens(pf.tokenizer, task, pf.listing, cfg.env.final_answer, cfg.env.tool_format)
         call = call_syntax(pf.tokenizer)(f"{step.server}.{step.tool}", step.params)
         call_ids = pf.tokenizer(call, add_special_tokens=False)["input_ids"]
         back = pf.tokenizer.decode(call_ids)
@@ -304,7 +304,11 @@ def check_template(cfg: Config, pf: Preflight) -> None:
         return
     got = [(c.server, c.tool, c.arguments) for c in parsed.calls]
     want = [(step.server, step.tool, step.params)]
-    shown = "the chat template's tools=" if tool_prompt_for(pf.tokenizer) == "template" else "a system tool block"
+    shown = (
+        "the chat template's tools="
+        if tool_prompt_for(pf.tokenizer) == "template"
+        else f"a {cfg.env.tool_format} system tool block"
+    )
     ok = got == want
     pf.add(
         "chat template",

@@ -69,7 +69,9 @@ def main(argv: list[str] | None = None) -> None:
     report = validate_rows(
         rows,
         inventory_from_listing(listing),
-        count_tokens=lambda task: count_prompt_tokens(tokenizer, task, listing, cfg.env.final_answer),
+        count_tokens=lambda task: count_prompt_tokens(
+            tokenizer, task, listing, cfg.env.final_answer, cfg.env.tool_format
+        ),
         max_tokens=max_tokens,
         strict=args.strict,
         near_duplicate_threshold=cfg.generation.near_duplicate_threshold,

@@ -56,6 +56,17 @@ def test_bad_literal_from_override_names_the_override():
     assert "tools.servers.slack.backend" in str(e.value) and "--set" in str(e.value)
 
 
+def test_tool_format_is_compact_unless_json_and_refuses_others(tmp_path):
+    assert load_config().env.tool_format == "compact"
+    assert load_config(None, ["env.tool_format=json"]).env.tool_format == "json"
+    p = write(tmp_path, "env:\n  tool_format: yaml\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    # The key, the value and the choices: enough to fix the file without reading the schema.
+    assert "env.tool_format" in str(e.value) and "'yaml'" in str(e.value) and str(p) in str(e.value)
+    assert "'compact'" in str(e.value) and "'json'" in str(e.value)
+
+
 def test_override_errors():
     assert parse_override("a.b=[1, 2]") == (["a", "b"], [1, 2])
     assert parse_override("a=") == (["a"], "")

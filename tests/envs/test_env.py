@@ -121,7 +121,8 @@ def test_init_renders_the_tasks_tools_in_the_system_prompt(rows):
     assert meta["tools"] == ["polygon.previous_close", "polygon.daily_aggregates", "polygon.ticker_details"]
     system = conversation[0]
     assert system["role"] == "system" and system["content"].startswith(before[0]["content"])
-    assert '"name": "polygon.previous_close"' in system["content"] and "<tool_call>" in system["content"]
+    assert "\npolygon.previous_close(ticker: string) — " in system["content"]  # env.tool_format compact
+    assert '<tool_call>{"name": "server.tool", "arguments": {...}}</tool_call>' in system["content"]
     assert "<answer>...</answer>" in system["content"]
     assert conversation[1:] == before[1:]
 

@@ -332,7 +332,7 @@ def test_smollm2_template_gets_a_system_tool_block(tokenizer: Any, listing: Any)
     system = {"role": "system", "content": "You are a financial assistant."}
     user = {"role": "user", "content": "NVDA's last close?"}
 
-    text = render_prompt(tokenizer, [system, user], tools)
+    text = render_prompt(tokenizer, [system, user], tools, tool_format="json")  # the JSON lines
     head, _, tail = text.partition("<|im_start|>user\n")
     assert head.startswith("<|im_start|>system\nYou are a financial assistant.\n\n")
     assert TOOL_CALL_FORMAT in head
@@ -346,8 +346,11 @@ def test_smollm2_template_gets_a_system_tool_block(tokenizer: Any, listing: Any)
     assert '"pattern"' not in head and '"maxLength"' not in head  # validation-only keywords stay server-side
     assert tail == "NVDA's last close?<|im_end|>\n<|im_start|>assistant\n"
 
-    without_system = render_prompt(tokenizer, [user], tools)  # a system message holding only the tools
+    without_system = render_prompt(tokenizer, [user], tools, tool_format="json")  # a system message of the tools
     assert without_system.startswith("<|im_start|>system\nYou can call the tools below.")
+    compact = render_prompt(tokenizer, [user], tools)  # the default: one signature line per tool
+    assert compact.startswith(f"<|im_start|>system\nTo call a tool, reply with only:\n{TOOL_CALL_FORMAT}\n")
+    assert "\npolygon.previous_close(ticker: string) — " in compact and len(compact) < 0.6 * len(without_system)
     assert "SmolLM" not in without_system  # not the template's default system prompt
     assert render_prompt(tokenizer, [user], []) == tokenizer.apply_chat_template(
         [user], tokenize=False, add_generation_prompt=True
