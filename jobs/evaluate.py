@@ -3,8 +3,10 @@
     python -m jobs.evaluate --config configs/X.yaml --tasks FILE [--adapter DIR] [--limit N] [--out FILE.json]
 
 Prints the success rate, the mean reward, the mean number of turns and each tool's error rate, and
-writes them (with one line per task) as JSON. The engines, runners and tool pool are the training
-run's own (`cluster.rollout_group`), so an evaluation plays exactly what training rollouts play.
+writes them as JSON, with one entry per task (`per_task`: task id, template and complexity of its row,
+reward, turns, success, infra_fault) that jobs/stats.py pairs across stages. The engines, runners and
+tool pool are the training run's own (`cluster.rollout_group`), so an evaluation plays exactly what
+training rollouts play.
 """
 
 from __future__ import annotations
@@ -53,13 +55,31 @@ async def evaluate_rows(rollout: Any, rows: list[dict[str, Any]], sampling: Samp
         "per_task": [
             {
                 "task_id": t.task_id,
+                "template": _template(row := _row(rows, t.group_id)),
+                "complexity": _complexity(row),
                 "reward": t.reward,
                 "turns": t.turns,
                 "success": bool(t.tool_stats.get("task_complete")),
+                "infra_fault": bool(t.infra_fault),
             }
             for t in trajs
         ],
     }
+
+
+def _row(rows: list[dict[str, Any]], index: int) -> dict[str, Any]:
+    return rows[index] if 0 <= index < len(rows) else {}
+
+
+def _template(row: dict[str, Any]) -> str | None:
+    """The rule generator's template of a task row (`extra_info.template`), or None."""
+    extra = row.get("extra_info")
+    return str(extra["template"]) if isinstance(extra, dict) and extra.get("template") else None
+
+
+def _complexity(row: dict[str, Any]) -> str | None:
+    gt = (row.get("reward_spec") or {}).get("ground_truth")
+    return str(gt["complexity"]) if isinstance(gt, dict) and gt.get("complexity") else None
 
 
 def read_adapter(folder: str | Path) -> dict[str, Any]:

@@ -7,7 +7,12 @@
 - `evals`: stage name → evaluation result, in the order to show (e.g. "base", "after warm start",
   "after GRPO"). Read from each result: `success_rate` (0..1), `mean_reward`, `turns` (mean turns
   per episode) and `tool_error_rates` ({tool: fraction of its calls that failed}); any of them
-  missing shows as "–". `episodes` (tasks played), when present, is shown too.
+  missing shows as "–". `episodes` (tasks played), when present, is shown too. With `per_task`
+  (jobs/evaluate.py: task_id, template, complexity, success, infra_fault per task) summary.md also
+  compares the stages on the same tasks (jobs/stats.py): each stage against the one before it (and
+  the last against the first, with three or more), the gain in success rate with its 95% confidence
+  interval (exact paired bootstrap over tasks), the tasks gained and lost and McNemar's p; and a
+  table of success per template and stage (`comparison_lines`, also printed by the driver).
 - `extra`: optional; `health` is a list of findings (strings, or dicts shown as `key: value`
   pairs), `wall_time_s` the run's wall time (otherwise the sum of `timing/step_s`), `run_name`;
   any other scalar entries are listed under "Notes".
@@ -19,12 +24,14 @@ metrics in the history is skipped and summary.md says which metric was missing.
 
 from __future__ import annotations
 
+import itertools
 import math
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from jobs.stats import PairedGain, group_success, outcomes, paired_gain
 from jobs.tracking import merge_by_step
 
 REPORT_DIR = "report"
@@ -123,6 +130,94 @@ def eval_table(evals: Mapping[str, Mapping[str, Any]]) -> list[str]:
     return lines
 
 
+def stage_pairs(evals: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, str, PairedGain]]:
+    """(before, after, paired gain) for each stage against the one before it, and the last against the
+    first when there are three or more; only stages with `per_task` take part."""
+    stages = [s for s, r in evals.items() if isinstance(r, Mapping) and r.get("per_task")]
+    pairs = list(itertools.pairwise(stages))
+    if len(stages) >= 3:
+        pairs.append((stages[0], stages[-1]))
+    tasks = {s: outcomes(evals[s]["per_task"]) for s in stages}
+    return [(a, b, paired_gain(tasks[a], tasks[b])) for a, b in pairs]
+
+
+def _points(x: float, sign: bool = True) -> str:
+    return f"{100 * x:+.1f}" if sign else f"{100 * x:.1f}"
+
+
+def gain_sentence(before: str, after: str, g: PairedGain) -> str:
+    """One line for the console: `after GRPO − after warm start: +6.2 points, 95% CI [...]`."""
+    if not g.n:
+        return f"{after} − {before}: no task scored in both"
+    return (
+        f"{after} − {before}: {_points(g.gain)} points, {g.confidence:.0%} CI [{_points(g.ci_low)}, "
+        f"{_points(g.ci_high)}]; {g.gained} task(s) gained, {g.lost} lost of {g.n} (McNemar p = {g.p_value:.2g})"
+    )
+
+
+def comparison_lines(evals: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Markdown: the paired gains between stages and the success per template and stage ([] without
+    `per_task` in any stage)."""
+    pairs = stage_pairs(evals)
+    per_task = {s: r["per_task"] for s, r in evals.items() if isinstance(r, Mapping) and r.get("per_task")}
+    if not per_task:
+        return []
+    lines: list[str] = []
+    if pairs:
+        lines += [
+            "Paired by task: the gain is the change in success rate on the tasks both stages scored; the "
+            f"{pairs[0][2].confidence:.0%} CI is an exact paired bootstrap over tasks (percentile); gained = "
+            "failed before and solved after, lost = the reverse; p = exact McNemar test on those two counts.",
+            "",
+            "| comparison | tasks | success before → after | gain (points) | 95% CI (points) | gained | lost | p |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for before, after, g in pairs:
+            if not g.n:
+                cells = [f"{after} − {before}", "0", "–", "–", "–", "0", "0", "–"]
+            else:
+                cells = [
+                    f"{after} − {before}",
+                    str(g.n),
+                    f"{_num(g.rate_before, pct=True)} → {_num(g.rate_after, pct=True)}",
+                    _points(g.gain),
+                    f"[{_points(g.ci_low)}, {_points(g.ci_high)}]",
+                    str(g.gained),
+                    str(g.lost),
+                    f"{g.p_value:.2g}",
+                ]
+            lines.append("| " + " | ".join(_md(c) for c in cells) + " |")
+        lines.append("")
+    return [*lines, "Success per template (solved / scored tasks):", "", *template_table(per_task)]
+
+
+def template_table(per_task: Mapping[str, Any]) -> list[str]:
+    """Markdown: one row per template (complexity, tasks) with each stage's solved / scored tasks."""
+    stages = list(per_task)
+    lines = [
+        "| template | complexity | tasks | " + " | ".join(_md(s) for s in stages) + " |",
+        "|---|---|---|" + "---|" * len(stages),
+    ]
+    for row in group_success(per_task):
+        cells = [row.group, row.complexity, str(row.tasks)]
+        for s in stages:
+            n = row.scored.get(s, 0)
+            k = row.successes.get(s, 0)
+            cells.append(f"{k}/{n} ({100 * k / n:.0f}%)" if n else "–")
+        lines.append("| " + " | ".join(_md(c) for c in cells) + " |")
+    return lines
+
+
+def console_lines(evals: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """What the driver prints at the end of a run: the paired gains, one line each, and the template table."""
+    per_task = {s: r["per_task"] for s, r in evals.items() if isinstance(r, Mapping) and r.get("per_task")}
+    if not per_task:
+        return []
+    lines = ["paired by task (exact bootstrap 95% CI; McNemar p):"]
+    lines += [f"  {gain_sentence(a, b, g)}" for a, b, g in stage_pairs(evals)]
+    return [*lines, "success per template (solved / scored):", *template_table(per_task)]
+
+
 def plot_metric(
     path: Path, steps_rows: list[dict[str, Any]], spec: tuple[str, str, list[tuple[str, str]], bool]
 ) -> list[str]:
@@ -213,6 +308,8 @@ def write_report(
     md += ["## Evaluation", ""]
     md += eval_table(evals) if evals else ["No evaluation was run."]
     md.append("")
+    if comparison := comparison_lines(evals):
+        md += ["### Stages compared on the same tasks", "", *comparison, ""]
 
     # ---------------------------------------------------------------- last step
     md += ["## Last training step", ""]
@@ -269,4 +366,13 @@ def write_report(
     return out
 
 
-__all__ = ["PLOTS", "eval_table", "write_report"]
+__all__ = [
+    "PLOTS",
+    "comparison_lines",
+    "console_lines",
+    "eval_table",
+    "gain_sentence",
+    "stage_pairs",
+    "template_table",
+    "write_report",
+]

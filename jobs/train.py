@@ -9,7 +9,9 @@ group trains → the new adapter (or weights) goes through the object store once
 confirms the new version → log → evaluate every k steps → checkpoint every k steps.
 
 With `sft_warmup.enabled` the run first evaluates the base model, trains the warm start, evaluates
-again, then runs GRPO and evaluates at the end: the report shows the three stages side by side.
+again, then runs GRPO and evaluates at the end: the report shows the three stages side by side and
+compares them on the same tasks (the gain with its 95% CI, tasks gained and lost, success per
+template: jobs/stats.py), and the console's last lines say the same.
 
 Outputs go to <train.storage>/<run_name>/ (cluster/storage.py: a folder or an s3:// / gs:// URI):
 checkpoints, the warm-start and final adapters, metrics, the report and W&B files. The driver keeps
@@ -554,6 +556,10 @@ def main(argv: list[str] | None = None) -> None:
     stages = ", ".join(f"{stage} {e['success_rate']:.1%}" for stage, e in result["evals"].items())
     if stages:
         print(f"success rate on held-out tasks: {stages}")
+        from jobs.report import console_lines
+
+        for line in console_lines(result["evals"]):
+            print(line)
     print(f"report: {result['report']}  (wall time {result['wall_time_s'] / 60:.1f} min)")
 
 

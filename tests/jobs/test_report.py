@@ -83,3 +83,52 @@ def test_report_with_nothing(tmp_path):
     assert not list(out.glob("*.png"))
     for title in ("Reward", "Success rate", "KL to the reference", "Throughput"):
         assert title in md.split("Not plotted:")[1]
+
+
+def _per_task(solved: set[int], infra: set[int] = frozenset()) -> list[dict]:
+    """Tasks 1-4 of template pe_now (medium), 5-7 close_simple (simple), 8 without a template."""
+    out = []
+    for i in range(1, 9):
+        template, kind = ("pe_now", "medium") if i <= 4 else ("close_simple", "simple") if i <= 7 else (None, None)
+        out.append(
+            {
+                "task_id": f"t{i}",
+                "template": template,
+                "complexity": kind,
+                "success": i in solved,
+                "infra_fault": i in infra,
+            }
+        )
+    return out
+
+
+def test_report_compares_stages_on_the_same_tasks(tmp_path):
+    evals = {
+        "base": {"success_rate": 1 / 8, "episodes": 8, "per_task": _per_task({5})},
+        "after warm start": {"success_rate": 3 / 8, "episodes": 8, "per_task": _per_task({1, 5, 6})},
+        "after GRPO": {"success_rate": 5 / 7, "episodes": 8, "per_task": _per_task({1, 2, 5, 6, 8}, infra={3})},
+    }
+    md = (write_report(tmp_path, [], evals) / "summary.md").read_text()
+    assert "### Stages compared on the same tasks" in md and "exact paired bootstrap over tasks" in md
+    rows = [line for line in md.splitlines() if " − " in line and line.startswith("| after")]
+    # base → warm start: 8 tasks, 2 gained (t1, t6), none lost: gain 2/8; G ~ Bin(8, 1/4) has
+    # P(G=0) = 0.100 ≥ 0.025 → lower 0; P(G ≤ 4) = 0.973 < 0.975 ≤ P(G ≤ 5) → upper 5/8; p = 2 · 1/4.
+    # warm start → GRPO: t3 (an infra fault) leaves the pairs: 7 tasks, gained t2 and t8.
+    # base → GRPO: 7 tasks, 4 gained, p = 2 · 1/16.
+    assert rows[0] == "| after warm start − base | 8 | 12.5% → 37.5% | +25.0 | [+0.0, +62.5] | 2 | 0 | 0.5 |"
+    assert rows[1].startswith("| after GRPO − after warm start | 7 | 42.9% → 71.4% | +28.6 | [")
+    assert rows[1].endswith("| 2 | 0 | 0.5 |")
+    assert rows[2].startswith("| after GRPO − base | 7 | 14.3% → 71.4% | +57.1 | [")
+    assert rows[2].endswith("| 4 | 0 | 0.12 |")
+    assert "| template | complexity | tasks | base | after warm start | after GRPO |" in md
+    assert "| close_simple | simple | 3 | 1/3 (33%) | 2/3 (67%) | 2/3 (67%) |" in md
+    assert "| pe_now | medium | 4 | 0/4 (0%) | 1/4 (25%) | 2/3 (67%) |" in md  # t3: an infra fault, not scored
+    assert "| (none) | – | 1 | 0/1 (0%) | 0/1 (0%) | 1/1 (100%) |" in md
+    # the table's rows come in complexity order, after the paired gains
+    assert md.index("| close_simple") < md.index("| pe_now") < md.index("| (none)")
+    assert md.index("| after GRPO − base") < md.index("| close_simple")
+
+
+def test_report_without_per_task_has_no_comparison(tmp_path):
+    md = (write_report(tmp_path, [], EVALS) / "summary.md").read_text()
+    assert "Stages compared" not in md

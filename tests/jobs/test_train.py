@@ -111,6 +111,11 @@ def test_two_steps_write_checkpoints_metrics_wandb_and_a_report(unbroken: Path) 
     summary = (unbroken / "report" / "summary.md").read_text()
     for stage in ("base", "after warm start", "after GRPO"):
         assert f"| {stage} |" in summary, stage
+    # the stages compared task by task (jobs/stats.py), in summary.md and on the console
+    assert "| after GRPO − after warm start | 4 |" in summary and "| after warm start − base | 4 |" in summary
+    assert "| template | complexity | tasks | base | after warm start | after GRPO |" in summary
+    assert re.search(r"after GRPO − after warm start: [+-]\d+\.\d points, 95% CI \[", stdout)
+    assert "success per template (solved / scored):" in stdout
     assert list((unbroken / "wandb").glob("offline-run-*")), "no offline W&B run written"
     assert (unbroken / "final_adapter" / "adapter_model.safetensors").is_file()
 
