@@ -137,11 +137,33 @@ class Driver:
         self.learner: Any = None
         self.judge: Any = None
         self.tracker: Any = None
+        self.sampler: Any = None
+        self.monitor: Any = None
 
     # ------------------------------------------------------------------ the job
 
     async def run(self) -> dict[str, Any]:
-        from cluster.learner_group import LearnerDied, LearnerGroup
+        """The job, phase by phase."""
+        t_start = time.perf_counter()
+        ckpt = await self._setup()
+        learner_cfg = await self._warm_start_phase(ckpt)
+        await self._start_learner(learner_cfg)
+        if ckpt is not None:
+            await self._resume(ckpt)
+        elif learner_cfg is not self.cfg:  # the warm start's adapter becomes policy v1 on the engines
+            self.version = 1
+            await self._push(self.version)
+            await self._evaluate("after warm start")
+        elif self.cfg.data.validation:
+            await self._evaluate("base")
+        await self._grpo_loop()
+        return await self._finish(t_start)
+
+    # ------------------------------------------------------------------ the phases
+
+    async def _setup(self) -> str | None:
+        """The run's folders and tracker, the tool pool, the judge and the rollout group. Returns the
+        checkpoint to resume from (None: a fresh start)."""
         from cluster.metrics import metrics_run
         from cluster.rollout_group import RolloutGroup
         from grpo.health import HealthMonitor
@@ -150,7 +172,6 @@ class Driver:
         from tasks.dataset import TaskSampler
 
         cfg = self.cfg
-        t_start = time.perf_counter()
         if not self.mirror.in_place:  # a fresh local copy: of the stored run's small files on resume
             shutil.rmtree(self.run_dir, ignore_errors=True)
             if self.resume:
@@ -166,8 +187,8 @@ class Driver:
         else:
             self.tracker = Tracker(cfg, self.run_dir)
         (self.run_dir / "config.json").write_text(json.dumps(cfg.model_dump(mode="json"), indent=2))
-        monitor = HealthMonitor()
-        sampler = TaskSampler(self.pf.train_rows, cfg.train.tasks_per_step, cfg.train.seed)
+        self.monitor = HealthMonitor()
+        self.sampler = TaskSampler(self.pf.train_rows, cfg.train.tasks_per_step, cfg.train.seed)
 
         print("deploying the MCP tool pool on Ray Serve", flush=True)
         self.pool = deploy_pool(cfg.tools, metrics_run(cfg))
@@ -175,34 +196,46 @@ class Driver:
         print(f"starting {cfg.rollout.engines} rollout engine(s) and {cfg.rollout.runners} runner(s)", flush=True)
         self.rollout = RolloutGroup(cfg, self.pool, judge=self._runner_judge())
         await self.rollout.start()
+        return ckpt
 
-        learner_cfg = cfg
+    async def _warm_start_phase(self, ckpt: str | None) -> Config:
+        """The learner group's config: with a warm start (trained now, or before the checkpoint) the group
+        starts from its adapter."""
+        cfg = self.cfg
         warm = storage.join(self.location, "sft")
         if ckpt is None and cfg.sft_warmup.enabled and cfg.finetune.mode == "lora":
             await self._evaluate("base")
-            learner_cfg = await self._warm_start(warm)
-        elif ckpt is not None and storage.exists(storage.join(warm, "adapter_config.json")):
+            return await self._warm_start(warm)
+        if ckpt is not None and storage.exists(storage.join(warm, "adapter_config.json")):
             learner_cfg = cfg.model_copy(deep=True)  # the same learner as before (its KL reference included)
             learner_cfg.finetune.init_adapter = warm
-        print(f"starting the learner group ({cfg.learner.workers} worker(s))", flush=True)
+            return learner_cfg
+        return cfg
+
+    async def _start_learner(self, learner_cfg: Config) -> None:
+        from cluster.learner_group import LearnerGroup
+
+        print(f"starting the learner group ({self.cfg.learner.workers} worker(s))", flush=True)
         self.learner = LearnerGroup(learner_cfg)
         info = await asyncio.to_thread(self.learner.start)
         log.info("learner: %s", info)
 
-        if ckpt is not None:
-            extra = await asyncio.to_thread(self.learner.load_checkpoint, ckpt)
-            self.step, self.version = int(extra["step"]), int(extra["version"])
-            self.evals = dict(extra.get("evals", {}))
-            print(f"resumed from {ckpt} at step {self.step} (policy v{self.version})", flush=True)
-            if self.version > 0:
-                await self._push(self.version)
-        elif learner_cfg is not cfg:  # the warm start's adapter becomes policy v1 on the engines
-            self.version = 1
+    async def _resume(self, ckpt: str) -> None:
+        """The learner's state, the step, the policy version and the evaluations from `ckpt`; the policy
+        goes to the engines."""
+        extra = await asyncio.to_thread(self.learner.load_checkpoint, ckpt)
+        self.step, self.version = int(extra["step"]), int(extra["version"])
+        self.evals = dict(extra.get("evals", {}))
+        print(f"resumed from {ckpt} at step {self.step} (policy v{self.version})", flush=True)
+        if self.version > 0:
             await self._push(self.version)
-            await self._evaluate("after warm start")
-        elif cfg.data.validation:
-            await self._evaluate("base")
 
+    async def _grpo_loop(self) -> None:
+        """GRPO steps up to train.steps: rollout, train, push, log, evaluate and checkpoint every k steps."""
+        from cluster.learner_group import LearnerDied
+
+        cfg = self.cfg
+        sampler = self.sampler
         pending = None  # overlap: the next step's rollout, running while this step trains
         while self.step < cfg.train.steps:
             step = self.step
@@ -222,7 +255,7 @@ class Driver:
                 pending = None
                 continue
             metrics["timing/step_s"] = time.perf_counter() - t0
-            findings = monitor.check(step + 1, {k.split("/", 1)[-1]: v for k, v in metrics.items()})
+            findings = self.monitor.check(step + 1, {k.split("/", 1)[-1]: v for k, v in metrics.items()})
             for f in findings:
                 log.warning("health: %s", f)
                 self.health.append(f"step {step + 1}: {f}")
@@ -246,6 +279,11 @@ class Driver:
         if pending is not None:
             pending.cancel()
 
+    async def _finish(self, t_start: float) -> dict[str, Any]:
+        """The final checkpoint and evaluation, the final adapter, the report; everything pushed to storage."""
+        from jobs.report import write_report
+
+        cfg = self.cfg
         if cfg.train.steps and (not cfg.train.checkpoint_every or self.step % cfg.train.checkpoint_every):
             await self._checkpoint()
         await self._evaluate("after GRPO" if cfg.sft_warmup.enabled else "final")
@@ -255,7 +293,6 @@ class Driver:
             await asyncio.to_thread(self.learner.save_adapter, stored)
             adapter = await asyncio.to_thread(storage.fetch, stored)  # the report and W&B read it here
             self.tracker.log_artifact(adapter, f"{cfg.run_name}-adapter", "lora_adapter")
-        from jobs.report import write_report
 
         wall = time.perf_counter() - t_start
         extra: dict[str, Any] = {"health": self.health, "wall_time_s": wall, "steps": self.step}
@@ -266,6 +303,8 @@ class Driver:
         await asyncio.to_thread(self.mirror.push)
         report_at = storage.join(self.location, storage.name(str(report))) if not self.mirror.in_place else str(report)
         return {"report": report_at, "evals": self.evals, "wall_time_s": wall, "adapter": adapter}
+
+    # ------------------------------------------------------------------ shutdown
 
     async def close(self) -> None:
         from cluster.placement import release_request
