@@ -19,9 +19,11 @@ One GRPO iteration (`train_step`) on this rank's share of the batch:
 Collectives: every rank runs the same number of forwards and backwards (the largest micro-batch count
 of any rank; the others run empty micro-batches with a zero mask), or the sharded model's gathers hang.
 
-The reference: LoRA → the same model with the adapter disabled (no memory), or, when it must move or
-start from `finetune.init_adapter`, a second frozen adapter "reference" (adapter-sized); full fine-tune
-→ a frozen copy of the model (sharded like the policy, or whole on the CPU with `reference_cpu_offload`).
+The reference: LoRA → the same model with the adapter disabled (no memory), or, when it must move,
+start from `finetune.init_adapter` or become the warm-started policy (`sft_warmup.enabled`: the driver
+calls `reset_reference` after the warm start), a second frozen adapter "reference" (adapter-sized); full
+fine-tune → a frozen copy of the model (sharded like the policy, or whole on the CPU with
+`reference_cpu_offload`). Checkpoints hold the reference adapter with the policy's (both are `lora_`).
 
 Precision: what trains is kept in float32 (full mode: the whole model; LoRA: the adapter, over a frozen
 base in `learner.dtype`); the forward computes in `learner.dtype` (see actors/sharding.py).
@@ -219,7 +221,10 @@ class Learner:
             return base
         model = self._attach_adapter(base)
         needs_ref = self.cfg.algorithm.kl_coef > 0
-        if needs_ref and (self.cfg.learner.reference != "fixed" or self.cfg.finetune.init_adapter):
+        # A frozen copy unless the reference is the base itself: it moves, starts from an adapter, or is
+        # set to the warm-started policy (sft_warmup: `reset_reference` after the warm start).
+        copy = self.cfg.learner.reference != "fixed" or self.cfg.finetune.init_adapter or self.cfg.sft_warmup.enabled
+        if needs_ref and copy:
             model.add_adapter(_REF_ADAPTER, model.peft_config[_ADAPTER])
             with torch.no_grad():
                 params = dict(model.named_parameters())
@@ -621,14 +626,29 @@ class Learner:
 
     def _refresh_reference(self) -> None:
         """periodic: ref ← policy every `reference_every` iterations; ema: ref ← a·ref + (1−a)·policy."""
-        import torch
-
         ln = self.cfg.learner
         if self.ref_kind not in ("adapter", "model", "offloaded_model") or ln.reference == "fixed":
             return
         if ln.reference == "periodic" and (ln.reference_every == 0 or self.iteration % ln.reference_every):
             return
-        weight = 1.0 if ln.reference == "periodic" else 1.0 - ln.reference_ema
+        self._blend_reference(1.0 if ln.reference == "periodic" else 1.0 - ln.reference_ema)
+
+    def reset_reference(self) -> str:
+        """The KL reference becomes the policy as it is now (the end of a supervised warm start), whatever
+        `learner.reference` says it does later. A collective: every rank must call it. Returns the
+        reference kind; with none (kl_coef 0) it does nothing. ValueError when the reference is the
+        base model under a disabled adapter: set up with `sft_warmup.enabled` there is a copy to set."""
+        self._require_setup()
+        if self.ref_kind == "disabled_adapter":
+            raise ValueError("reset_reference: the reference is the base model (the adapter disabled); it cannot move")
+        if self.ref_kind != "none":
+            self._blend_reference(1.0)
+        return self.ref_kind
+
+    def _blend_reference(self, weight: float) -> None:
+        """ref ← (1 − weight)·ref + weight·policy, on every kind of reference copy."""
+        import torch
+
         assert self.backend is not None
         with torch.no_grad():
             if self.ref_kind == "adapter":

@@ -139,6 +139,10 @@ class LearnerGroup:
 
         return self._split_call("sft_step", [as_sft_sample(s, i) for i, s in enumerate(samples)])
 
+    def reset_reference(self) -> str:
+        """The KL reference becomes the policy as it is now (after the warm start); returns its kind."""
+        return self._all("reset_reference")
+
     def score(self, samples: list[dict[str, Any]]) -> list[list[float]]:
         """The policy's logprob of every response token of each sample, in the order given (no update)."""
         from grpo.batch import shard
