@@ -112,14 +112,10 @@ def build_expert_trajectories(cfg: Config, rows: list[dict], tokenizer: Any) -> 
     return trajs, stats
 
 
-def run_sft(cfg: Config, rows: list[dict], out_dir: str | Path, *, progress: bool = True) -> dict[str, Any]:
-    """Warm-start LoRA on the rows' expert trajectories; the adapter is saved to `out_dir` (PEFT format).
-
-    Returns {"adapter": out_dir, "losses": [sft_loss per step], "steps", "trajectories" (played),
-    "skipped" (rows whose expert play failed), "tokens_per_s" (prompt+response tokens through the
-    learner per second of sft_step), plus "truncated" and "skipped_tasks" {task_id: reason}}.
-    Raises SftInputError for input it cannot train on.
-    """
+def warm_start_samples(cfg: Config, rows: list[dict]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The warm start's learner samples (`to_sample` of each playable row's expert trajectory, in row
+    order) and the expert play's stats (see `actors.expert.expert_trajectories`). Used by `run_sft` and
+    by the GRPO driver's warm start (jobs/train.py). Raises SftInputError for input it cannot train on."""
     from actors.expert import check_rows
     from actors.models import load_tokenizer
 
@@ -131,7 +127,6 @@ def run_sft(cfg: Config, rows: list[dict], out_dir: str | Path, *, progress: boo
         raise SftInputError(str(e)) from e
     if not rows:
         raise SftInputError("no task rows to build expert trajectories from")
-    out_dir = Path(out_dir)
     tokenizer = load_tokenizer(cfg.model)
     trajs, stats = build_expert_trajectories(cfg, rows, tokenizer)
     if not trajs:
@@ -139,13 +134,25 @@ def run_sft(cfg: Config, rows: list[dict], out_dir: str | Path, *, progress: boo
         raise SftInputError(f"no expert trajectory could be played ({len(rows)} rows, all skipped): {reasons}")
     for t in trajs:
         t.check(cfg.rollout.max_total_tokens)
+    return [to_sample(t) for t in trajs], stats
+
+
+def run_sft(cfg: Config, rows: list[dict], out_dir: str | Path, *, progress: bool = True) -> dict[str, Any]:
+    """Warm-start LoRA on the rows' expert trajectories; the adapter is saved to `out_dir` (PEFT format).
+
+    Returns {"adapter": out_dir, "losses": [sft_loss per step], "steps", "trajectories" (played),
+    "skipped" (rows whose expert play failed), "tokens_per_s" (prompt+response tokens through the
+    learner per second of sft_step), plus "truncated" and "skipped_tasks" {task_id: reason}}.
+    Raises SftInputError for input it cannot train on.
+    """
+    out_dir = Path(out_dir)
+    samples, stats = warm_start_samples(cfg, rows)
 
     from actors.learner import Learner  # lazy: torch and the model only once the data is known to be good
 
     steps, batch_size = cfg.sft_warmup.steps, cfg.sft_warmup.batch_size
     learner = Learner(sft_config(cfg), rank=0, world_size=1)
     learner.setup()
-    samples = [to_sample(t) for t in trajs]
     losses: list[float] = []
     tokens = 0
     train_s = 0.0
@@ -168,7 +175,7 @@ def run_sft(cfg: Config, rows: list[dict], out_dir: str | Path, *, progress: boo
         "adapter": str(out_dir),
         "losses": losses,
         "steps": steps,
-        "trajectories": len(trajs),
+        "trajectories": len(samples),
         "skipped": stats["skipped"],
         "tokens_per_s": tokens / train_s if train_s else 0.0,
         "truncated": stats["truncated"],
@@ -176,7 +183,7 @@ def run_sft(cfg: Config, rows: list[dict], out_dir: str | Path, *, progress: boo
     }
     (out_dir / SUMMARY_FILE).write_text(json.dumps(result, indent=2) + "\n")
     line = (
-        f"sft: {steps} steps × {batch_size} of {len(trajs)} expert trajectories "
+        f"sft: {steps} steps × {batch_size} of {len(samples)} expert trajectories "
         f"({stats['skipped']} rows skipped, {stats['truncated']} cut at the token budget); "
         f"loss {losses[0]:.3f} → {losses[-1]:.3f}; {result['tokens_per_s']:.0f} tok/s; adapter → {out_dir}"
     )

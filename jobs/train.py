@@ -8,7 +8,8 @@ Serve) → drop and count infrastructure-failed episodes → advantages per grou
 group trains → the new adapter (or weights) goes through the object store once and every engine
 confirms the new version → log → evaluate every k steps → checkpoint every k steps.
 
-With `sft_warmup.enabled` the run first evaluates the base model, trains the warm start, evaluates
+With `sft_warmup.enabled` the run first evaluates the base model, trains the warm start (in the learner
+group: its adapter is kept at <run>/sft, served as policy v1 and, with kl_coef > 0, the KL reference), evaluates
 again, then runs GRPO and evaluates at the end: the report shows the three stages side by side and
 compares them on the same tasks (the gain with its 95% CI, tasks gained and lost, success per
 template: jobs/stats.py), and the console's last lines say the same.
@@ -51,7 +52,7 @@ STAGES = ("base", "after warm start", "after GRPO")
 RESUME_HINT = "Resume the run from its newest checkpoint with:\n  "
 
 
-# What learners and the warm-start task write into storage themselves; the driver's mirror leaves them be.
+# What the learners write into storage themselves; the driver's mirror leaves them be.
 ACTOR_OUTPUTS = ("checkpoints", "sft", "final_adapter")
 
 
@@ -146,16 +147,13 @@ class Driver:
         """The job, phase by phase."""
         t_start = time.perf_counter()
         ckpt = await self._setup()
-        learner_cfg = await self._warm_start_phase(ckpt)
-        await self._start_learner(learner_cfg)
+        await self._start_learner()
         if ckpt is not None:
             await self._resume(ckpt)
-        elif learner_cfg is not self.cfg:  # the warm start's adapter becomes policy v1 on the engines
-            self.version = 1
-            await self._push(self.version)
-            await self._evaluate("after warm start")
-        elif self.cfg.data.validation:
+        else:
             await self._evaluate("base")
+            if self.cfg.sft_warmup.enabled and self.cfg.finetune.mode == "lora":
+                await self._warm_start()
         await self._grpo_loop()
         return await self._finish(t_start)
 
@@ -198,31 +196,18 @@ class Driver:
         await self.rollout.start()
         return ckpt
 
-    async def _warm_start_phase(self, ckpt: str | None) -> Config:
-        """The learner group's config: with a warm start (trained now, or before the checkpoint) the group
-        starts from its adapter."""
-        cfg = self.cfg
-        warm = storage.join(self.location, "sft")
-        if ckpt is None and cfg.sft_warmup.enabled and cfg.finetune.mode == "lora":
-            await self._evaluate("base")
-            return await self._warm_start(warm)
-        if ckpt is not None and storage.exists(storage.join(warm, "adapter_config.json")):
-            learner_cfg = cfg.model_copy(deep=True)  # the same learner as before (its KL reference included)
-            learner_cfg.finetune.init_adapter = warm
-            return learner_cfg
-        return cfg
-
-    async def _start_learner(self, learner_cfg: Config) -> None:
+    async def _start_learner(self) -> None:
         from cluster.learner_group import LearnerGroup
 
         print(f"starting the learner group ({self.cfg.learner.workers} worker(s))", flush=True)
-        self.learner = LearnerGroup(learner_cfg)
+        self.learner = LearnerGroup(self.cfg)
         info = await asyncio.to_thread(self.learner.start)
         log.info("learner: %s", info)
 
     async def _resume(self, ckpt: str) -> None:
         """The learner's state, the step, the policy version and the evaluations from `ckpt`; the policy
-        goes to the engines."""
+        goes to the engines. After a warm start the checkpoint's adapters include the KL reference's (the
+        warm-started policy; actors/learner.py), so nothing is read from <run>/sft."""
         extra = await asyncio.to_thread(self.learner.load_checkpoint, ckpt)
         self.step, self.version = int(extra["step"]), int(extra["version"])
         self.evals = dict(extra.get("evals", {}))
@@ -466,25 +451,47 @@ class Driver:
         refs = await asyncio.to_thread(self.learner.export_weights_refs)
         return await self.rollout.push_weights(version, refs)
 
-    async def _warm_start(self, out: str) -> Config:
-        """Train the warm start in a one-worker Ray task and start the learner group from its adapter."""
-        import ray
+    async def _warm_start(self) -> None:
+        """The supervised warm start, through the learner group: `sft_warmup.steps` sft_steps on batches of
+        the tasks' expert trajectories (jobs/sft.py makes and orders them), one progress line each. Its
+        adapter is saved to <run>/sft, becomes the KL reference (kl_coef > 0) and goes to the engines as
+        policy v1; then it is evaluated."""
+        from jobs.sft import batch_order, warm_start_samples
 
-        from jobs.sft import run_sft
-
-        cfg = self.cfg
-        print(f"warm start: {cfg.sft_warmup.steps} SFT steps on expert trajectories", flush=True)
-        task = ray.remote(**cfg.learner.worker_resources.actor_options())(_sft_task)
-        result = await task.remote(cfg, self.pf.train_rows, out, run_sft)
-        self.tracker.log(0, {"sft/final_loss": result["losses"][-1], "sft/tokens_per_s": result["tokens_per_s"]})
+        cfg, sw = self.cfg, self.cfg.sft_warmup
+        print(f"warm start: {sw.steps} SFT steps on expert trajectories", flush=True)
+        samples, stats = await asyncio.to_thread(warm_start_samples, cfg, self.pf.train_rows)
+        losses: list[float] = []
+        tokens, train_s = 0, 0.0
+        with self.tracker.phase("sft", total=sw.steps) as bar:
+            for k, batch in enumerate(batch_order(len(samples), sw.batch_size, sw.steps, cfg.train.seed), 1):
+                chosen = [samples[i] for i in batch]
+                t0 = time.perf_counter()
+                out = await asyncio.to_thread(self.learner.sft_step, chosen)
+                train_s += time.perf_counter() - t0
+                tokens += sum(len(s["prompt_ids"]) + len(s["response_ids"]) for s in chosen)
+                losses.append(float(out["sft_loss"]))
+                figures = {"step": k, "loss": losses[-1], "grad_norm": out["grad_norm"]}
+                self.tracker.log(0, figures, prefix="sft/")
+                self.tracker.write(
+                    f"warm start {k}/{sw.steps} | sft_loss {losses[-1]:.4f} | grad {out['grad_norm']:.3g} | "
+                    f"tok/s {out['tokens_per_s']:.0f}"
+                )
+                bar.update()
+        warm = storage.join(self.location, "sft")
+        await asyncio.to_thread(self.learner.save_adapter, warm)
+        reference = await asyncio.to_thread(self.learner.reset_reference)
+        self.tracker.log(0, {"sft/final_loss": losses[-1], "sft/tokens_per_s": tokens / train_s if train_s else 0.0})
         print(
-            f"warm start done: loss {result['losses'][0]:.3f} → {result['losses'][-1]:.3f}, "
-            f"{result['trajectories']} expert trajectories ({result['skipped']} skipped)",
+            f"warm start done: loss {losses[0]:.3f} → {losses[-1]:.3f}, {len(samples)} expert trajectories "
+            f"({stats['skipped']} skipped); adapter → {warm}; KL reference: {reference}",
             flush=True,
         )
-        learner_cfg = cfg.model_copy(deep=True)
-        learner_cfg.finetune.init_adapter = out
-        return learner_cfg
+        self.version = 1  # the warm start's adapter becomes policy v1 on the engines
+        await self._push(self.version)
+        versions = await asyncio.to_thread(self.rollout.versions)
+        print(f"warm start: policy v{self.version} on the engines (versions {versions})", flush=True)
+        await self._evaluate("after warm start")
 
     async def _eval_metrics(self) -> dict[str, Any]:
         from jobs.evaluate import evaluate_rows
@@ -511,14 +518,6 @@ class Driver:
         await asyncio.to_thread(self.learner.save_checkpoint, folder, extra)
         await asyncio.to_thread(self.mirror.push)  # the metrics that go with it
         log.info("checkpoint: %s", folder)
-
-
-def _sft_task(cfg: Config, rows: list[dict[str, Any]], out: str, run_sft: Any) -> dict[str, Any]:
-    """On whichever node Ray picks: train into a local folder, then put the adapter into storage."""
-    with storage.staged(out) as local:
-        result = run_sft(cfg, rows, local, progress=False)
-    result["adapter"] = out
-    return result
 
 
 # --------------------------------------------------------------------------- CLI

@@ -108,6 +108,13 @@ def test_two_steps_write_checkpoints_metrics_wandb_and_a_report(unbroken: Path) 
     assert stdout.count('no Ray dashboard in this session; metrics: ray_mcprl_*{run="ci-tiny"}') == 1
     evals = [r for r in history(unbroken) if "eval/success_rate" in r]
     assert len(evals) == 3  # base, after the warm start, after GRPO
+    # The warm start trains in the learner group: sft_loss falls over its steps, its adapter is kept at
+    # <run>/sft and the engines serve it as policy v1 before GRPO starts.
+    sft = sorted((r for r in history(unbroken) if "sft/loss" in r), key=lambda r: r["sft/step"])
+    assert [r["sft/step"] for r in sft] == [1, 2]
+    assert sft[-1]["sft/loss"] < sft[0]["sft/loss"]
+    assert "warm start: policy v1 on the engines (versions [1])" in stdout
+    assert (unbroken / "sft" / "adapter_model.safetensors").is_file()
     summary = (unbroken / "report" / "summary.md").read_text()
     for stage in ("base", "after warm start", "after GRPO"):
         assert f"| {stage} |" in summary, stage
