@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import inspect
-import json
 import logging
 import math
 import os
@@ -53,18 +52,6 @@ def tmpfs_root() -> Path:
     shm = Path("/dev/shm")
     base = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
     return base / "mcprl-lora"
-
-
-def _jsonable(value: Any) -> Any:
-    """PEFT's to_dict() holds sets and enums; adapter_config.json needs plain JSON."""
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set, frozenset)):
-        items = [_jsonable(v) for v in value]
-        return sorted(items) if isinstance(value, (set, frozenset)) else items
-    if hasattr(value, "value") and not isinstance(value, (str, int, float, bool)):  # enums
-        return value.value
-    return value
 
 
 class VLLMEngine:
@@ -242,20 +229,14 @@ class VLLMEngine:
 
     @staticmethod
     def _write_adapter(folder: Path, adapter: dict[str, Any]) -> None:
-        """The PEFT folder vLLM reads; a {"config", "safetensors"} adapter's blob is written as it is."""
-        from actors.learner import adapter_safetensors
+        """The PEFT folder vLLM reads (actors.adapter_io.write_adapter); a bad adapter is an EngineError."""
+        from actors.adapter_io import write_adapter
 
         try:
-            blob = adapter_safetensors(adapter)
-        except (ValueError, TypeError) as e:
+            write_adapter(folder, adapter)
+        except (ValueError, TypeError, KeyError) as e:
+            shutil.rmtree(folder, ignore_errors=True)
             raise EngineError(f"load_adapter: {e}") from e
-        tmp = folder.with_name(folder.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        config = _jsonable(dict(adapter["config"]))
-        (tmp / "adapter_config.json").write_text(json.dumps(config))
-        (tmp / "adapter_model.safetensors").write_bytes(blob)
-        tmp.rename(folder)  # complete folders only
 
     async def _collect_adapters(self) -> None:
         """Remove from the engine, then delete, adapters neither current nor pinned."""

@@ -167,7 +167,7 @@ class LearnerGroup:
     # ------------------------------------------------------------------ export and checkpoints
 
     def export_adapter_ref(self) -> Any:
-        """ObjectRef of rank 0's adapter (one safetensors blob, see actors.learner.pack_adapter), stored once."""
+        """ObjectRef of rank 0's adapter (one safetensors blob, see actors.adapter_io.pack_adapter), stored once."""
         self._require_started()
         refs = [a.export_adapter.remote() for a in self.actors]
         # The others return None; waiting surfaces their errors (rank 0's: when resolved). Rank 0 answers

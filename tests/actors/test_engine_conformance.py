@@ -191,7 +191,7 @@ class TestConformance:
 
     async def test_both_adapter_forms_load_the_same_adapter(self, engine: RolloutEngine) -> None:
         """{"config", "safetensors"} (what the learner exports) and {"config", "state_dict"} serve alike."""
-        from actors.learner import pack_adapter
+        from actors.adapter_io import pack_adapter
 
         plain = make_adapter(3)
         blob = pack_adapter(plain["config"], plain["state_dict"])

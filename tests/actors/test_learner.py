@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from actors.adapter_io import adapter_safetensors, adapter_state_dict, pack_adapter
 from actors.hf_engine import HFEngine
-from actors.learner import CheckpointError, Learner, adapter_safetensors, adapter_state_dict, pack_adapter
+from actors.learner import CheckpointError, Learner
 from configs.schema import Config, SamplingConfig
 
 PROMPT_LEN = 8
