@@ -649,22 +649,23 @@ class Learner:
         return pack_adapter(self.model.peft_config[_ADAPTER].to_dict(), state)
 
     def iter_weights(self, max_chunk_bytes: int = 256 << 20) -> Iterator[dict[str, torch.Tensor]]:
-        """Full mode: the model's weights under the base model's names, on CPU in `model.dtype`, in chunks
-        of whole layers (a chunk exceeds `max_chunk_bytes` only when one layer does). A collective: every
-        rank must drain it; only rank 0 yields chunks."""
+        """The model's weights under the base model's names, on CPU in `model.dtype`, in chunks of whole
+        layers (a chunk exceeds `max_chunk_bytes` only when one layer does). Full mode: the trained weights.
+        LoRA: the merged weights, W + scaling * B @ A for every LoRA-wrapped linear (computed in float32 on
+        the side: the trained parameters stay as they are), and every other base weight as it is; the
+        adapters themselves are not sent. A collective: every rank must drain it; only rank 0 yields chunks."""
         import torch
 
         self._require_setup()
-        if self.lora:
-            raise ValueError("export_weights: finetune.mode is 'lora'; use export_adapter")
         if max_chunk_bytes < 1:
             raise ValueError(f"export_weights: max_chunk_bytes must be >= 1, got {max_chunk_bytes}")
         dtype = getattr(torch, self.cfg.model.dtype)
+        named = self._named_merged() if self.lora else self.backend.named_full_tensors(self.model, lambda n: True)
         chunk: dict[str, torch.Tensor] = {}
         size = 0
         group: dict[str, torch.Tensor] = {}
         group_key = None
-        for name, full in self.backend.named_full_tensors(self.model, lambda n: True):
+        for name, full in named:
             if full is None:
                 continue
             key = _layer_of(name)
@@ -686,6 +687,37 @@ class Learner:
             chunk.update(group)
         if chunk:
             yield chunk
+
+    def _named_merged(self) -> Iterator[tuple[str, torch.Tensor | None]]:
+        """LoRA: (base model name, tensor) of the model with the trained adapter merged in; (name, None)
+        on ranks other than 0. PEFT names map to the base's by dropping `base_model.model.` and
+        `.base_layer`; a wrapped linear's weight is yielded once its lora_A and lora_B have arrived."""
+
+        def keep(name: str) -> bool:  # the reference adapter and dropouts are not the policy
+            return "lora_" not in name or _is_trained_adapter(name)
+
+        parts: dict[str, dict[str, torch.Tensor | None]] = {}  # wrapped module -> {"W", "A", "B"}
+        for name, full in self.backend.named_full_tensors(self.model, keep):
+            if ".base_layer.weight" in name or "lora_" in name:
+                module = name.split(".base_layer.")[0] if ".base_layer." in name else name.split(".lora_")[0]
+                role = "W" if ".base_layer." in name else name.split(".lora_")[1][0]  # lora_A... -> "A"
+                got = parts.setdefault(module, {})
+                got[role] = full
+                if len(got) < 3:
+                    continue
+                del parts[module]
+                merged = None
+                if self.rank == 0:
+                    lora = self.model.get_submodule(module)
+                    delta = got["B"].float() @ got["A"].float()
+                    if getattr(lora, "fan_in_fan_out", False):
+                        delta = delta.T
+                    merged = got["W"].float() + lora.scaling[_ADAPTER] * delta
+                yield _base_name(f"{module}.weight"), merged
+            else:
+                yield _base_name(name), full
+        if parts:
+            raise RuntimeError(f"export_weights: LoRA modules without all of base, lora_A, lora_B: {sorted(parts)[:3]}")
 
     def export_weights(self, max_chunk_bytes: int = 256 << 20) -> list[dict[str, torch.Tensor]] | None:
         """`iter_weights` as a list on rank 0 (None elsewhere). A collective."""
@@ -899,6 +931,12 @@ def _blend(ref: torch.Tensor, policy: torch.Tensor, weight: float) -> None:
 
 def _is_trained_adapter(name: str) -> bool:
     return "lora_" in name and f".{_ADAPTER}." in name
+
+
+def _base_name(name: str) -> str:
+    """PEFT's parameter name -> the base model's: `base_model.model.model.layers.0.q_proj.base_layer.weight`
+    -> `model.layers.0.q_proj.weight`."""
+    return name.removeprefix("base_model.model.").replace(".base_layer.", ".")
 
 
 def _layer_of(name: str) -> str:

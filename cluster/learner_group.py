@@ -176,7 +176,8 @@ class LearnerGroup:
         return refs[0]
 
     def export_weights_refs(self, max_chunk_bytes: int = 256 << 20) -> list[Any]:
-        """ObjectRefs of the weight chunks (full fine-tune), each stored once, in order."""
+        """ObjectRefs of the weight chunks (full fine-tune; LoRA: merged with the adapter), each stored once,
+        in order."""
         from ray.exceptions import RayActorError
 
         self._require_started()
