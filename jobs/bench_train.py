@@ -132,6 +132,7 @@ def bench_config(opts: argparse.Namespace, mode: str, backend: str = "hf", engin
                 "runner_resources": {"num_cpus": 0.05},
                 "max_model_len": 1024,
                 "vllm_kv_cache_gb": 1,
+                "weight_push": "adapter",  # this suite measures the adapter's path (merged: benchmark --suite rollout)
             },
             "train": {"seed": opts.seed},
         }

@@ -99,6 +99,7 @@ def main(argv: list[str] | None = None) -> None:
         except FileNotFoundError as e:
             usage_error(str(e))
         cfg.finetune.mode = "lora"
+        cfg.rollout.weight_push = "adapter"  # the folder is loaded as it is: the engines start with LoRA
     from tasks.dataset import DataError, load_tasks
     from tasks.inventory import load_inventory
 

@@ -35,6 +35,7 @@ def engine_config(backend: str) -> Config:
                 "max_model_len": MAX_MODEL_LEN,
                 "vllm_kv_cache_gb": 1,
                 "hf_batch_wait_ms": 5,
+                "weight_push": "adapter",  # LoRA versions as adapters (merged pushes: test_vllm_merged_push.py)
             },
         }
     )
