@@ -20,7 +20,7 @@ sampled it, and requests with different sampling knobs must share one batch.
   loading a new adapter between two decode steps never changes a running request. A new version is
   copied in place into a slot that holds neither the current version nor one a request pins; a new
   slot is made only when every slot is taken (or none has the new adapter's config). Adapters come
-  in either form of actors.learner (`{"config", "safetensors"}` or `{"config", "state_dict"}`).
+  in either form of actors/adapter_io.py (`{"config", "safetensors"}` or `{"config", "state_dict"}`).
 - Full weights (`update_weights`): waits for the running batch to finish (so every token of a
   request comes from one version), then copies chunk by chunk into the parameters in place.
 
@@ -315,7 +315,7 @@ class HFEngine:
     # ------------------------------------------------------------------ LoRA versions
 
     async def load_adapter(self, version: int, adapter: dict[str, Any]) -> None:
-        from actors.learner import adapter_state_dict, json_able
+        from actors.adapter_io import adapter_state_dict, json_able
 
         assert self._adapter_lock is not None
         async with self._adapter_lock:

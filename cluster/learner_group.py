@@ -171,7 +171,7 @@ class LearnerGroup:
     # ------------------------------------------------------------------ export and checkpoints
 
     def export_adapter_ref(self) -> Any:
-        """ObjectRef of rank 0's adapter (one safetensors blob, see actors.learner.pack_adapter), stored once."""
+        """ObjectRef of rank 0's adapter (one safetensors blob, see actors.adapter_io.pack_adapter), stored once."""
         self._require_started()
         refs = [a.export_adapter.remote() for a in self.actors]
         # The others return None; waiting surfaces their errors (rank 0's: when resolved). Rank 0 answers
@@ -180,7 +180,8 @@ class LearnerGroup:
         return refs[0]
 
     def export_weights_refs(self, max_chunk_bytes: int = 256 << 20) -> list[Any]:
-        """ObjectRefs of the weight chunks (full fine-tune), each stored once, in order."""
+        """ObjectRefs of the weight chunks (full fine-tune; LoRA: merged with the adapter), each stored once,
+        in order."""
         from ray.exceptions import RayActorError
 
         self._require_started()

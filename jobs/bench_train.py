@@ -13,7 +13,7 @@ Measured side by side in one run, on an embedded Ray (or the Ray already running
    (a) object store:  export_adapter_ref() (learner → one object)  →  push_adapter(v, ref) (each engine
        fetches it and loads it; the call returns once every engine reports version v);
    (b) disk:          save_adapter(folder) (learner writes PEFT files)  →  each engine reads the folder
-       itself (jobs.evaluate.read_adapter runs inside the engine actor, where the `FolderAdapter`
+       itself (actors.adapter_io.read_adapter runs inside the engine actor, where the `FolderAdapter`
        argument is unpickled) and loads it with the same `load_adapter`; then every engine's version
        is read back.
    Figures are medians over `--pushes` rounds after one warm-up round. The split of (a): export; RPC
@@ -132,6 +132,7 @@ def bench_config(opts: argparse.Namespace, mode: str, backend: str = "hf", engin
                 "runner_resources": {"num_cpus": 0.05},
                 "max_model_len": 1024,
                 "vllm_kv_cache_gb": 1,
+                "weight_push": "adapter",  # this suite measures the adapter's path (merged: benchmark --suite rollout)
             },
             "train": {"seed": opts.seed},
         }
@@ -166,14 +167,14 @@ class FolderAdapter:
     """A PEFT adapter folder that turns into the adapter dict wherever it is unpickled.
 
     Passed as a task argument (a few bytes, inlined in the task), it makes the receiving engine actor
-    read the folder itself with `jobs.evaluate.read_adapter`, before `load_adapter` runs: the disk path
+    read the folder itself with `actors.adapter_io.read_adapter`, before `load_adapter` runs: the disk path
     of a sync, through the engine's ordinary `load_adapter`."""
 
     def __init__(self, folder: str | Path) -> None:
         self.folder = str(folder)
 
     def __reduce__(self) -> tuple[Any, tuple[str]]:
-        from jobs.evaluate import read_adapter
+        from actors.adapter_io import read_adapter
 
         return read_adapter, (self.folder,)
 

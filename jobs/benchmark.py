@@ -26,6 +26,10 @@ Suite `rollout`, side by side in one run (prints the machine too):
   greedy, all requests at once; then LoRA adapter swap latency (`load_adapter` of an r=16 q,k,v,o
   adapter, 5 swaps, median). Both engines run in this process (vLLM spawns its engine core: hence
   the `__main__` guard), one after the other.
+- push modes (vLLM only): `rollout.weight_push` adapter vs merged for a LoRA run: a real learner's
+  adapter, or its merged weights, pushed to an engine started for that mode (export s, engine load s),
+  then a demo-like step: 12 prompts x 4 samples sharing a ~700-token prefix, 64 new tokens, temperature 1
+  (generated tokens/s, prefix-cache hit rate).
 - async vs lockstep: EpisodeRunner episodes per second, same tasks (16 rule templates x group 4),
   every tool call delayed by 100 ms ± 50 ms (uniform, seeded) on top of the in-process pool; all
   episodes at once and at most 16 in flight. Two engines: a scripted stand-in that answers each turn
@@ -357,6 +361,7 @@ ENGINE_MODEL = "smollm2-135m-instruct"
 ENGINE_PROMPTS = 32
 ENGINE_NEW_TOKENS = 64
 ADAPTER_SWAPS = 5
+PUSH_PROMPTS, PUSH_SAMPLES, PUSH_PREFIX_TOKENS, PUSH_NEW_TOKENS = 12, 4, 700, 64  # like a demo step
 ENGINE_TOPICS = (
     "the water cycle", "how a bicycle works", "the history of the printing press", "why the sky is blue",
     "photosynthesis", "how vaccines work", "the rules of chess", "volcanoes", "black holes", "the stock market",
@@ -548,7 +553,12 @@ async def bench_engines(console: Console) -> dict[str, Any]:
         {
             "model": {"name": ENGINE_MODEL},
             "finetune": {"mode": "lora", "lora": {"r": 16}},
-            "rollout": {"max_model_len": 1024, "hf_max_batch_size": ENGINE_PROMPTS, "vllm_kv_cache_gb": 1},
+            "rollout": {
+                "max_model_len": 1024,
+                "hf_max_batch_size": ENGINE_PROMPTS,
+                "vllm_kv_cache_gb": 1,
+                "weight_push": "adapter",  # adapter swaps are measured here; merged pushes in bench_push_modes
+            },
         }
     )
     tokenizer = load_tokenizer(cfg.model)
@@ -603,6 +613,109 @@ async def bench_engines(console: Console) -> dict[str, Any]:
     return report
 
 
+def _shared_prefix_prompts(tokenizer: Any, prefix_tokens: int, n: int) -> list[list[int]]:
+    """`n` chat prompts that share a system message of about `prefix_tokens` tokens (like a run's tool
+    list) and differ in the user's question, as token ids."""
+    lines = ["You are a helpful assistant that answers by calling one of these tools."]
+    k = 0
+    while len(tokenizer.encode("\n".join(lines))) < prefix_tokens:
+        topic = ENGINE_TOPICS[k % len(ENGINE_TOPICS)]
+        lines.append(
+            f"- tool_{k}(query: str, limit: int = 10): looks up facts about {topic} and returns them as a list "
+            f"of records, newest first; fails with an error message when the query is empty."
+        )
+        k += 1
+    prompts = []
+    for i in range(n):
+        msgs = [
+            {"role": "system", "content": "\n".join(lines)},
+            {
+                "role": "user",
+                "content": f"Question {i}: tell me the latest about {ENGINE_TOPICS[i % len(ENGINE_TOPICS)]}.",
+            },
+        ]
+        out = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+        prompts.append([int(t) for t in (out if isinstance(out, list) else out["input_ids"])])
+    return prompts
+
+
+async def bench_push_modes(console: Console) -> dict[str, Any]:
+    """vLLM, LoRA run: `rollout.weight_push` adapter vs merged on SmolLM2-135M. A real learner (r=16 on
+    q,k,v,o, B non-zero) exports the adapter or the merged weights; an engine started for that mode loads
+    them (push latency: export, and the engine's load) and plays a step like the demo's: PUSH_PROMPTS
+    prompts x PUSH_SAMPLES samples sharing a ~PUSH_PREFIX_TOKENS-token prefix, PUSH_NEW_TOKENS new tokens
+    at most (tokens/s counts the tokens generated: a sample may stop at EOS), temperature 1."""
+    import torch
+
+    from actors.engines import make_engine
+    from actors.learner import Learner
+    from actors.models import load_tokenizer
+    from cluster.rollout_group import cpu_list, node_cores
+    from configs.schema import SamplingConfig
+
+    cfg = Config.model_validate(
+        {
+            "model": {"name": ENGINE_MODEL, "dtype": "bfloat16"},
+            "finetune": {"mode": "lora", "lora": {"r": 16, "alpha": 32}},
+            "learner": {"dtype": "bfloat16"},
+            "rollout": {"backend": "vllm", "max_model_len": 2048, "vllm_kv_cache_gb": 1},
+        }
+    )
+    learner = Learner(cfg)
+    learner.setup()
+    with torch.no_grad():
+        for name, p in learner.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.02)
+    prompts = _shared_prefix_prompts(load_tokenizer(cfg.model), PUSH_PREFIX_TOKENS, PUSH_PROMPTS)
+    batch = [p for p in prompts for _ in range(PUSH_SAMPLES)]
+    sampling = SamplingConfig(temperature=1.0, max_new_tokens=PUSH_NEW_TOKENS, stop=[])
+    report: dict[str, Any] = {
+        "model": ENGINE_MODEL,
+        "requests": len(batch),
+        "prompt_tokens": [min(map(len, prompts)), max(map(len, prompts))],
+        "new_tokens": PUSH_NEW_TOKENS,
+    }
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_list(node_cores())  # one engine: every core
+    for mode in ("adapter", "merged"):
+        t = time.perf_counter()
+        payload = learner.export_adapter() if mode == "adapter" else learner.export_weights()
+        export_s = time.perf_counter() - t
+        engine = make_engine(rollout_config(cfg, weight_push=mode))
+        with console.status(f"push modes: starting vLLM ({mode})"):
+            await engine.start()
+        try:
+            t = time.perf_counter()
+            if mode == "adapter":
+                await engine.load_adapter(1, payload)
+            else:
+                await engine.update_weights(1, payload)
+            load_s = time.perf_counter() - t
+            await engine.generate(batch[0], sampling.model_copy(update={"max_new_tokens": 4}))  # warm-up
+            before = dict(engine.stats())
+            with console.status(f"push modes: {mode}, {len(batch)} requests x {PUSH_NEW_TOKENS} tokens"):
+                t = time.perf_counter()
+                gens = await asyncio.gather(*(engine.generate(p, sampling) for p in batch))
+                wall = time.perf_counter() - t
+            after = engine.stats()
+        finally:
+            await engine.shutdown()
+        tokens = sum(len(g.token_ids) for g in gens)
+        queries = after.get("prefix_cache_queries", 0) - before.get("prefix_cache_queries", 0)
+        hits = after.get("prefix_cache_hits", 0) - before.get("prefix_cache_hits", 0)
+        report[mode] = {
+            "export_s": export_s,
+            "load_s": load_s,
+            "tokens": tokens,
+            "wall_s": wall,
+            "tokens_per_s": tokens / wall,
+            "prefix_cache_hit_rate": hits / queries if queries else 0.0,
+            "version": gens[0].version,
+        }
+    report["merged_over_adapter"] = report["merged"]["tokens_per_s"] / report["adapter"]["tokens_per_s"]
+    return report
+
+
 def _smollm2_adapter(cfg: Config, seed: int) -> dict[str, Any]:
     """A PEFT LoRA (r=16 on q,k,v,o) for SmolLM2 with non-zero B: {"config", "state_dict"}."""
     import torch
@@ -637,6 +750,10 @@ def suite_rollout(cfg: Config, calls: int, console: Console) -> dict[str, Any]:
     }
     t0 = time.perf_counter()
     report["engines"] = asyncio.run(bench_engines(console))
+    from actors.engines import vllm_available
+
+    if vllm_available():
+        report["push_modes"] = asyncio.run(bench_push_modes(console))
 
     # async vs lockstep: (1) scripted engine, fixed generation time: the tool latency alone;
     # (2) the real HF engine (tiny-random: prefill of multi-thousand-token conversations every turn
@@ -720,6 +837,22 @@ def print_rollout(report: dict[str, Any], console: Console) -> None:
     console.print(table)
     if "vllm_over_hf" in e:
         console.print(f"vLLM / HF tokens/s: {e['vllm_over_hf']:.2f}x")
+    if "push_modes" in report:
+        pm = report["push_modes"]
+        table = Table(
+            title=f"vLLM, rollout.weight_push: {pm['requests']} requests of {pm['prompt_tokens'][0]}-"
+            f"{pm['prompt_tokens'][1]} tokens (shared prefix) x {pm['new_tokens']} new tokens, temperature 1"
+        )
+        for col in ("push", "export s", "engine load s", "tokens", "wall s", "tokens/s", "prefix cache hits"):
+            table.add_column(col, justify="left" if col == "push" else "right")
+        for mode in ("adapter", "merged"):
+            r = pm[mode]
+            table.add_row(
+                mode, f"{r['export_s']:.2f}", f"{r['load_s']:.2f}", str(r["tokens"]), f"{r['wall_s']:.2f}",
+                f"{r['tokens_per_s']:.0f}", f"{r['prefix_cache_hit_rate']:.0%}",
+            )  # fmt: skip
+        console.print(table)
+        console.print(f"merged / adapter tokens/s: {pm['merged_over_adapter']:.2f}x")
     table = Table(
         title=f"EpisodeRunner, {report['tasks']} tasks x {report['group_size']}, tool latency "
         f"{report['tool_latency_ms'][0]:.0f}-{report['tool_latency_ms'][1]:.0f} ms"

@@ -18,6 +18,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from actors.adapter_io import read_adapter
 from cluster import storage
 from configs.schema import SamplingConfig
 from jobs.cli import base_parser, setup, usage_error
@@ -82,17 +83,6 @@ def _complexity(row: dict[str, Any]) -> str | None:
     return str(gt["complexity"]) if isinstance(gt, dict) and gt.get("complexity") else None
 
 
-def read_adapter(folder: str | Path) -> dict[str, Any]:
-    """A PEFT adapter folder as the engines take it: {"config": ..., "state_dict": ...}."""
-    from safetensors.torch import load_file
-
-    folder = storage.fetch(str(folder))  # a storage URI: downloaded once
-    config_file, weights = folder / "adapter_config.json", folder / "adapter_model.safetensors"
-    if not config_file.is_file() or not weights.is_file():
-        raise FileNotFoundError(f"{folder}: not a PEFT adapter folder (adapter_config.json, adapter_model.safetensors)")
-    return {"config": json.loads(config_file.read_text()), "state_dict": load_file(str(weights))}
-
-
 async def run(cfg: Any, rows: list[dict[str, Any]], adapter: str | None) -> dict[str, Any]:
     import ray
 
@@ -129,6 +119,7 @@ def main(argv: list[str] | None = None) -> None:
         except FileNotFoundError as e:
             usage_error(str(e))
         cfg.finetune.mode = "lora"
+        cfg.rollout.weight_push = "adapter"  # the folder is loaded as it is: the engines start with LoRA
     from tasks.dataset import DataError, load_tasks
     from tasks.inventory import load_inventory
 

@@ -133,6 +133,7 @@ class Driver:
         self.step = 0
         self.evals: dict[str, dict[str, Any]] = {}
         self.health: list[str] = []
+        self.cache_counts: dict[str, tuple[int, int]] = {}  # the engines' prefix-cache counters at the last step
         self.pool: Any = None
         self.rollout: Any = None
         self.learner: Any = None
@@ -191,7 +192,13 @@ class Driver:
         print("deploying the MCP tool pool on Ray Serve", flush=True)
         self.pool = deploy_pool(cfg.tools, metrics_run(cfg))
         self._deploy_judge()
-        print(f"starting {cfg.rollout.engines} rollout engine(s) and {cfg.rollout.runners} runner(s)", flush=True)
+        from actors.engines import weight_push
+
+        print(
+            f"starting {cfg.rollout.engines} rollout engine(s) and {cfg.rollout.runners} runner(s); "
+            f"policy push: {weight_push(cfg)}",
+            flush=True,
+        )
         self.rollout = RolloutGroup(cfg, self.pool, judge=self._runner_judge())
         await self.rollout.start()
         return ckpt
@@ -387,7 +394,7 @@ class Driver:
         return await self.rollout.run(tasks, self.cfg.train.group_size, sampling=sampling)
 
     async def _train_on(self, trajs: list[Any], tasks: list[dict[str, Any]]) -> dict[str, float]:
-        from actors.rollout_metrics import rollout_metrics
+        from actors.rollout_metrics import prefix_cache_counts, prefix_cache_hit_rate, rollout_metrics
         from grpo.advantages import group_advantages
 
         cfg = self.cfg
@@ -397,6 +404,11 @@ class Driver:
             for key in ("tokens_per_s", "episodes_per_s"):
                 if key in stats:
                     metrics[f"rollout/{key}"] = float(stats[key])
+            counts = prefix_cache_counts(stats.get("engines", []))
+            rate = prefix_cache_hit_rate(counts, self.cache_counts)
+            self.cache_counts = counts
+            if rate is not None:
+                metrics["rollout/prefix_cache_hit_rate"] = rate
         kept = [t for t in trajs if not t.infra_fault]
         metrics["rollout/dropped_infra"] = float(len(trajs) - len(kept))
         if cfg.reward.backend == "group_judge":
@@ -445,7 +457,11 @@ class Driver:
         return kept
 
     async def _push(self, version: int) -> dict[str, Any]:
-        if self.cfg.finetune.mode == "lora":
+        """The learner's policy onto every engine as `version`: the LoRA adapter, or (full fine-tune, and LoRA
+        with rollout.weight_push merged) the weights, merged with the adapter for LoRA."""
+        from actors.engines import weight_push
+
+        if weight_push(self.cfg) == "adapter":
             ref = await asyncio.to_thread(self.learner.export_adapter_ref)
             return await self.rollout.push_adapter(version, ref)
         refs = await asyncio.to_thread(self.learner.export_weights_refs)

@@ -35,6 +35,7 @@ def engine_config(backend: str) -> Config:
                 "max_model_len": MAX_MODEL_LEN,
                 "vllm_kv_cache_gb": 1,
                 "hf_batch_wait_ms": 5,
+                "weight_push": "adapter",  # LoRA versions as adapters (merged pushes: test_vllm_merged_push.py)
             },
         }
     )
@@ -191,7 +192,7 @@ class TestConformance:
 
     async def test_both_adapter_forms_load_the_same_adapter(self, engine: RolloutEngine) -> None:
         """{"config", "safetensors"} (what the learner exports) and {"config", "state_dict"} serve alike."""
-        from actors.learner import pack_adapter
+        from actors.adapter_io import pack_adapter
 
         plain = make_adapter(3)
         blob = pack_adapter(plain["config"], plain["state_dict"])

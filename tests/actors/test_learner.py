@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from actors.adapter_io import adapter_safetensors, adapter_state_dict, pack_adapter
 from actors.hf_engine import HFEngine
-from actors.learner import CheckpointError, Learner, adapter_safetensors, adapter_state_dict, pack_adapter
+from actors.learner import CheckpointError, Learner
 from configs.schema import Config, SamplingConfig
 
 PROMPT_LEN = 8
@@ -316,11 +317,47 @@ def test_exported_weights_update_hf_engine(full_learner: Learner) -> None:
     assert max(abs(a - b) for a, b in zip(before, after, strict=False)) > 1e-3
 
 
-def test_export_matches_mode(lora_learner: Learner, full_learner: Learner) -> None:
-    with pytest.raises(ValueError, match="use export_adapter"):
-        lora_learner.export_weights()
+def test_export_matches_mode(full_learner: Learner) -> None:
     with pytest.raises(ValueError, match="use export_weights"):
         full_learner.export_adapter()
+
+
+def test_lora_export_weights_are_peft_merge_and_unload() -> None:
+    """LoRA `export_weights` (rollout.weight_push merged): the base model's names and PEFT's own merge of
+    the trained adapter, key by key; the trained parameters (and the reference adapter) are untouched."""
+    import copy
+
+    cfg = make_cfg("lora", dtype="float32")
+    cfg.model.dtype = "float32"
+    cfg.algorithm.kl_coef = 0.01
+    cfg.learner.reference = "ema"  # a second adapter ("reference") that must not be merged
+    learner = Learner(cfg)
+    learner.setup()
+    with torch.no_grad():
+        for name, p in learner.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(len(name)))
+    before = {n: p.detach().clone() for n, p in learner.model.named_parameters()}
+
+    chunks = learner.export_weights(max_chunk_bytes=1)
+    assert chunks is not None and len(chunks) > 1
+    got = {k: v for c in chunks for k, v in c.items()}
+    assert sum(len(c) for c in chunks) == len(got)  # each name once
+
+    reference = copy.deepcopy(learner.model).merge_and_unload(adapter_names=["default"])
+    want = dict(reference.named_parameters())
+    assert got.keys() == want.keys()
+    assert "model.layers.0.self_attn.q_proj.weight" in got and not any("lora_" in k for k in got)
+    changed = 0
+    for k, v in want.items():
+        assert got[k].dtype == torch.float32 and got[k].shape == v.shape, k
+        torch.testing.assert_close(got[k], v.detach(), rtol=1e-5, atol=1e-6, msg=k)
+        base = before.get(f"base_model.model.{k}".replace(".weight", ".base_layer.weight"))
+        changed += base is not None and not torch.equal(base, got[k])
+    assert changed == 4 * 2  # q, k, v, o of tiny-random's two layers: the adapter is really in
+    after = dict(learner.model.named_parameters())
+    assert after.keys() == before.keys()
+    assert all(torch.equal(after[n].detach(), t) for n, t in before.items())
 
 
 @pytest.mark.parametrize("mode", ["lora", "full"])

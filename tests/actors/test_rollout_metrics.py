@@ -7,7 +7,13 @@ from typing import Any
 
 import pytest
 
-from actors.rollout_metrics import conversation_text, rollout_metrics, sample_rows
+from actors.rollout_metrics import (
+    conversation_text,
+    prefix_cache_counts,
+    prefix_cache_hit_rate,
+    rollout_metrics,
+    sample_rows,
+)
 from actors.trajectory import FINISH_REASONS, Trajectory
 
 
@@ -172,3 +178,24 @@ def test_conversation_text_is_cut():
     assert "characters cut" in text and len(text) < 1100
     short = conversation_text([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}])
     assert short == "user: hi\nassistant: yo"
+
+
+def test_prefix_cache_hit_rate_is_per_interval_and_survives_a_restart() -> None:
+    engines = [
+        {"engine_id": "a", "prefix_cache_queries": 100, "prefix_cache_hits": 60},
+        {"engine_id": "b", "prefix_cache_queries": 50, "prefix_cache_hits": 10},
+        {"backend": "hf", "engine_id": "c"},  # counts nothing: left out
+        {"dead": True},
+    ]
+    first = prefix_cache_counts(engines)
+    assert first == {"a": (100, 60), "b": (50, 10)}
+    assert prefix_cache_hit_rate(first, {}) == pytest.approx(70 / 150)
+    later = prefix_cache_counts(
+        [
+            {"engine_id": "a", "prefix_cache_queries": 200, "prefix_cache_hits": 150},  # +100 queries, +90 hits
+            {"engine_id": "b", "prefix_cache_queries": 20, "prefix_cache_hits": 0},  # restarted: from 0
+        ]
+    )
+    assert prefix_cache_hit_rate(later, first) == pytest.approx(90 / 120)
+    assert prefix_cache_hit_rate(later, later) is None  # nothing looked up in between
+    assert prefix_cache_hit_rate({}, {}) is None  # no vLLM engine

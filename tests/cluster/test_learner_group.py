@@ -7,7 +7,8 @@ import ray
 import torch
 from ray.util.placement_group import placement_group_table
 
-from actors.learner import Learner, adapter_state_dict
+from actors.adapter_io import adapter_state_dict
+from actors.learner import Learner
 from actors.models import load_causal_lm
 from cluster.learner_group import LearnerGroup
 from configs.schema import Config

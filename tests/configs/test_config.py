@@ -117,3 +117,25 @@ def test_dotenv_is_read_and_environment_wins(tmp_path, monkeypatch):
     assert os.environ["FMP_API_KEY"] == "from-env"
     assert os.environ["TAVILY_API_KEY"] == "from-dotenv"
     monkeypatch.delenv("TAVILY_API_KEY")
+
+
+def test_weight_push_auto_is_merged_only_for_vllm_on_cpu() -> None:
+    from actors.engines import weight_push
+    from configs.schema import Config
+
+    def resolve(**over: object) -> str:
+        cfg = Config()
+        for key, value in over.items():
+            section, field = key.split("__")
+            setattr(getattr(cfg, section), field, value)
+        return weight_push(cfg)
+
+    assert resolve(finetune__mode="full") == "full"  # the weights themselves, whatever weight_push says
+    assert resolve(rollout__backend="vllm") == "merged"  # vLLM on CPU: its LoRA path is ~9x slower
+    assert resolve(rollout__backend="hf") == "adapter"
+    assert resolve(rollout__backend="hf", rollout__weight_push="merged") == "merged"
+    assert resolve(rollout__backend="vllm", rollout__weight_push="adapter") == "adapter"
+    gpu = Config()
+    gpu.rollout.backend = "vllm"
+    gpu.rollout.engine_resources.num_gpus = 1
+    assert weight_push(gpu) == "adapter"  # GPU LoRA kernels are fast

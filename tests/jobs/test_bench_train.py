@@ -10,10 +10,10 @@ import pickle
 
 import pytest
 
+from actors.adapter_io import read_adapter
 from actors.models import load_causal_lm
 from configs.schema import ModelConfig
 from jobs.bench_train import FolderAdapter, make_batch, options, run_train_suite
-from jobs.evaluate import read_adapter
 
 TINY = {
     "model": "tiny-random",

@@ -90,9 +90,9 @@ def test_sft_config_and_offline_tools():
 def test_run_sft_learns_and_saves_an_adapter_the_engines_load(rows, tmp_path):
     from peft import PeftModel
 
+    from actors.adapter_io import read_adapter
     from actors.hf_engine import HFEngine
     from actors.models import load_causal_lm, load_tokenizer
-    from jobs.evaluate import read_adapter
     from jobs.sft import build_expert_trajectories, to_sample
 
     # The rows that fit the short budget, played once here: each step then trains on exactly them.

@@ -195,10 +195,14 @@ def test_a_bad_task_file_stops_before_anything_starts(tmp_path: Path) -> None:
 
 
 def test_overlap_generates_the_next_step_while_this_one_trains(tmp_path: Path, unbroken: Path) -> None:
+    """Also rollout.weight_push=merged: each step's LoRA policy reaches the engine as merged weights."""
     data = unbroken.parent.parent / "data"
-    train(tmp_path, "--run", "--set", "rollout.overlap=true", "--set", "sft_warmup.enabled=false", data=data)
+    overrides = ("rollout.overlap=true", "sft_warmup.enabled=false", "rollout.weight_push=merged")
+    proc = train(tmp_path, "--run", *(x for o in overrides for x in ("--set", o)), data=data)
+    assert "policy push: merged" in proc.stdout
+    assert "policy push: adapter" in (unbroken.parents[1] / "stdout.txt").read_text()  # ci-tiny's HF engine: auto
     run_dir = tmp_path / "runs" / "ci-tiny"
     for step in (1, 2):
         m = step_metrics(run_dir, step)
-        assert m["rollout/episodes"] == 4 and m["train/tokens"] > 0
+        assert m["rollout/episodes"] == 4 and m["train/tokens"] > 0 and m["sync/latency_s"] > 0
     assert (run_dir / "final_adapter" / "adapter_model.safetensors").is_file()
