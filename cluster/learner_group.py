@@ -18,10 +18,14 @@
   (the other ranks may be stuck in a collective waiting for it: they are not waited for). The group is
   then unusable; `restart()` starts it again from scratch (the driver then loads its last checkpoint:
   jobs/train.py, `learner.max_restarts`).
+- Async: every method that reaches the actors is a coroutine (`await group.train_step(batch)`); it issues
+  all ranks' calls before awaiting any, and awaits ObjectRefs, so the driver's event loop (rollouts,
+  pushes) goes on while the learners train.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import tempfile
 import uuid
@@ -45,7 +49,7 @@ class LearnerDied(RuntimeError):
 
 
 class LearnerGroup:
-    """Ray wiring of the learner ranks. Call `start()` first and `shutdown()` at the end."""
+    """Ray wiring of the learner ranks. `await start()` first and `await shutdown()` at the end."""
 
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
@@ -55,7 +59,7 @@ class LearnerGroup:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def start(self) -> dict[str, Any]:
+    async def start(self) -> dict[str, Any]:
         """Reserve the bundles, start the actors, join them in one process group, load the model.
 
         Returns rank 0's `Learner.setup()` info."""
@@ -73,9 +77,10 @@ class LearnerGroup:
         pg = placement_group([res.bundle() for _ in range(n)], strategy="PACK", name=f"{self.cfg.run_name}-learners")
         self.placement_group = pg
         try:
-            wait_placed([pg], f"{n} learner worker(s) of {res.describe()} (learner.workers, learner.worker_resources)")
+            what = f"{n} learner worker(s) of {res.describe()} (learner.workers, learner.worker_resources)"
+            await wait_placed([pg], what)
         except BaseException:
-            self.shutdown()
+            await self.shutdown()
             raise
 
         def strategy(i: int) -> PlacementGroupSchedulingStrategy:
@@ -88,31 +93,31 @@ class LearnerGroup:
             addr, port = f"file://{tempfile.gettempdir()}/mcprl-learner-{uuid.uuid4().hex}.store", 0
         else:
             find = ray.remote(num_cpus=0)(_rendezvous_address).options(scheduling_strategy=strategy(0))
-            addr, port = ray.get(find.remote())
+            addr, port = await find.remote()
         remote = remote_class(Learner)
         try:
             for i in range(n):  # one at a time: a failed start kills those already started
                 options = {**res.actor_options(), "scheduling_strategy": strategy(i)}
                 name = actor_name(self.cfg.run_name, "learner", i)
                 self.actors.append(start_named(remote, name, options, self.cfg, i, n, addr, port))
-            infos = ray.get([a.setup.remote() for a in self.actors])
-        except Exception:
-            self.shutdown()
+            infos = await asyncio.gather(*(a.setup.remote() for a in self.actors))
+        except BaseException:  # cancelled too: no actor outlives a start that did not finish
+            await self.shutdown()
             raise
         self.info = infos[0]
         log.info("learner group: %d worker(s) on %d node(s): %s", n, len(nodes), self.info)
         return self.info
 
-    def restart(self) -> dict[str, Any]:
+    async def restart(self) -> dict[str, Any]:
         """Kill what is left of the group and start it again, from the model (and `finetune.init_adapter`)
         as at the first start: load a checkpoint next. Returns rank 0's `Learner.setup()` info."""
         names = [actor_name(self.cfg.run_name, "learner", i) for i in range(len(self.actors))]
-        self.shutdown()
+        await self.shutdown()
         for name in names:  # the new actors take the same names
-            wait_name_free(name, _NAME_FREE_TIMEOUT_S)
-        return self.start()
+            await wait_name_free(name, _NAME_FREE_TIMEOUT_S)
+        return await self.start()
 
-    def shutdown(self) -> None:
+    async def shutdown(self) -> None:
         """Kill the actors and remove the placement group (safe to call twice)."""
         import ray
         from ray.util.placement_group import remove_placement_group
@@ -129,27 +134,27 @@ class LearnerGroup:
 
     # ------------------------------------------------------------------ training
 
-    def train_step(self, samples: list[dict[str, Any]]) -> dict[str, float]:
+    async def train_step(self, samples: list[dict[str, Any]]) -> dict[str, float]:
         """One GRPO iteration over the whole batch, split across the ranks by tokens."""
-        return self._split_call("train_step", samples)
+        return await self._split_call("train_step", samples)
 
-    def sft_step(self, samples: list[dict[str, Any]]) -> dict[str, float]:
+    async def sft_step(self, samples: list[dict[str, Any]]) -> dict[str, float]:
         """One supervised step over the whole batch, split across the ranks by tokens."""
         from actors.learner import as_sft_sample
 
-        return self._split_call("sft_step", [as_sft_sample(s, i) for i, s in enumerate(samples)])
+        return await self._split_call("sft_step", [as_sft_sample(s, i) for i, s in enumerate(samples)])
 
-    def reset_reference(self) -> str:
+    async def reset_reference(self) -> str:
         """The KL reference becomes the policy as it is now (after the warm start); returns its kind."""
-        return self._all("reset_reference")
+        return await self._all("reset_reference")
 
-    def score(self, samples: list[dict[str, Any]]) -> list[list[float]]:
+    async def score(self, samples: list[dict[str, Any]]) -> list[list[float]]:
         """The policy's logprob of every response token of each sample, in the order given (no update)."""
         from grpo.batch import shard
 
         self._require_started()
         parts = shard(samples, len(self.actors))
-        results = self._get(
+        results = await self._get(
             [a.score.remote([samples[i] for i in idx]) for a, idx in zip(self.actors, parts, strict=True)], "score"
         )
         out: list[list[float]] = [[] for _ in samples]
@@ -158,7 +163,7 @@ class LearnerGroup:
                 out[i] = row
         return out
 
-    def _split_call(self, method: str, samples: list[Any]) -> dict[str, float]:
+    async def _split_call(self, method: str, samples: list[Any]) -> dict[str, float]:
         from grpo.batch import shard
 
         self._require_started()
@@ -166,20 +171,20 @@ class LearnerGroup:
             raise ValueError(f"LearnerGroup.{method}: empty batch")
         parts = shard(samples, len(self.actors))
         refs = [getattr(a, method).remote([samples[i] for i in idx]) for a, idx in zip(self.actors, parts, strict=True)]
-        return self._get(refs, method)[0]  # reduced over ranks inside the learners: rank 0's are everyone's
+        return (await self._get(refs, method))[0]  # reduced over ranks inside the learners: rank 0's are everyone's
 
     # ------------------------------------------------------------------ export and checkpoints
 
-    def export_adapter_ref(self) -> Any:
+    async def export_adapter_ref(self) -> Any:
         """ObjectRef of rank 0's adapter (one safetensors blob, see actors.adapter_io.pack_adapter), stored once."""
         self._require_started()
         refs = [a.export_adapter.remote() for a in self.actors]
         # The others return None; waiting surfaces their errors (rank 0's: when resolved). Rank 0 answers
         # the ping only after its export: a worker that died exporting is LearnerDied here, not a broken ref.
-        self._get([self.actors[0].__ray_ready__.remote(), *refs[1:]], "export_adapter")
+        await self._get([self.actors[0].__ray_ready__.remote(), *refs[1:]], "export_adapter")
         return refs[0]
 
-    def export_weights_refs(self, max_chunk_bytes: int = 256 << 20) -> list[Any]:
+    async def export_weights_refs(self, max_chunk_bytes: int = 256 << 20) -> list[Any]:
         """ObjectRefs of the weight chunks (full fine-tune; LoRA: merged with the adapter), each stored once,
         in order."""
         from ray.exceptions import RayActorError
@@ -187,42 +192,51 @@ class LearnerGroup:
         self._require_started()
         others = [a.export_weights.remote(max_chunk_bytes) for a in self.actors[1:]]
         stream = self.actors[0].iter_weights.options(num_returns="streaming").remote(max_chunk_bytes)
+        refs = []
         try:
-            refs = list(stream)  # each yielded chunk is its own object
+            async for ref in stream:  # each yielded chunk is its own object
+                refs.append(ref)
         except RayActorError as e:
             raise self._died(0, "export_weights", e) from e
         last = refs[-1:]  # a failed generator surfaces here
-        self._get([*last, *others], "export_weights", ranks=[0] * len(last) + list(range(1, len(self.actors))))
+        await self._get([*last, *others], "export_weights", ranks=[0] * len(last) + list(range(1, len(self.actors))))
         return refs
 
-    def save_adapter(self, folder: str) -> None:
-        self._all("save_adapter", folder)
+    async def save_adapter(self, folder: str) -> None:
+        await self._all("save_adapter", folder)
 
-    def save_checkpoint(self, folder: str, extra: dict[str, Any]) -> None:
-        self._all("save_checkpoint", folder, extra)
+    async def save_checkpoint(self, folder: str, extra: dict[str, Any]) -> None:
+        await self._all("save_checkpoint", folder, extra)
 
-    def load_checkpoint(self, folder: str) -> dict[str, Any]:
-        return self._all("load_checkpoint", folder)
+    async def load_checkpoint(self, folder: str) -> dict[str, Any]:
+        return await self._all("load_checkpoint", folder)
 
-    def _all(self, method: str, *args: Any) -> Any:
+    async def _all(self, method: str, *args: Any) -> Any:
         self._require_started()
-        return self._get([getattr(a, method).remote(*args) for a in self.actors], method)[0]
+        return (await self._get([getattr(a, method).remote(*args) for a in self.actors], method))[0]
 
-    def _get(self, refs: list[Any], method: str, ranks: list[int] | None = None) -> list[Any]:
-        """`ray.get(refs)`, refs[i] from rank `ranks[i]` (default: i), raising LearnerDied as soon as one
-        worker is found dead: the others may wait for it in a collective forever."""
-        import ray
+    async def _get(self, refs: list[Any], method: str, ranks: list[int] | None = None) -> list[Any]:
+        """The values of `refs`, refs[i] from rank `ranks[i]` (default: i), raising LearnerDied as soon as one
+        worker is found dead: the others may wait for it in a collective forever (they are not waited for)."""
         from ray.exceptions import RayActorError
 
-        rank_of = dict(zip(refs, ranks if ranks is not None else range(len(refs)), strict=True))
-        pending = list(refs)
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1, fetch_local=False)
-            try:
-                ray.get(done)
-            except RayActorError as e:
-                raise self._died(rank_of[done[0]], method, e) from e
-        return ray.get(list(refs))
+        futures = [asyncio.ensure_future(r) for r in refs]  # ObjectRefs are awaitable
+        rank_of = dict(zip(futures, ranks if ranks is not None else range(len(refs)), strict=True))
+        pending = set(futures)
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                errors = [f.exception() for f in done]
+                for f, e in zip(done, errors, strict=True):
+                    if isinstance(e, RayActorError):
+                        raise self._died(rank_of[f], method, e) from e
+                for e in errors:
+                    if e is not None:
+                        raise e
+        finally:
+            for f in pending:
+                f.cancel()
+        return [f.result() for f in futures]
 
     def _died(self, rank: int, method: str, error: BaseException) -> LearnerDied:
         name = actor_name(self.cfg.run_name, "learner", rank)
@@ -230,7 +244,7 @@ class LearnerGroup:
 
     def _require_started(self) -> None:
         if not self.actors:
-            raise RuntimeError("LearnerGroup: call start() first")
+            raise RuntimeError("LearnerGroup: await start() first")
 
 
 def _rendezvous_address() -> tuple[str, int]:

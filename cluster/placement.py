@@ -20,6 +20,7 @@ as one that does not grow: its current nodes are all it will ever have.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
@@ -37,25 +38,31 @@ _EPS = 1e-9
 # --------------------------------------------------------------------------- placement groups
 
 
-def wait_placed(groups: list[Any], what: str, timeout_s: float = PLACEMENT_TIMEOUT_S) -> None:
+async def wait_placed(groups: list[Any], what: str, timeout_s: float = PLACEMENT_TIMEOUT_S) -> None:
     """Wait until every placement group is placed, logging while an autoscaler adds nodes; past `timeout_s`
     raise, naming `what` and the cluster's resources (the caller removes its groups)."""
     import ray
 
-    pending = [pg.ready() for pg in groups]
+    pending = {asyncio.ensure_future(pg.ready()) for pg in groups}  # ObjectRefs are awaitable
     t0 = time.monotonic()
-    while pending:
-        left = timeout_s - (time.monotonic() - t0)
-        if left <= 0:
-            raise RuntimeError(
-                f"cannot place {what} within {timeout_s:.0f} s (the cluster has {ray.cluster_resources()}); "
-                "ask less of it in the config, or let the cluster grow"
-            )
-        _, pending = ray.wait(pending, num_returns=len(pending), timeout=min(PLACEMENT_LOG_S, left))
-        if pending:
-            log.info(
-                "waiting for %s to be placed (%.0f s so far; an autoscaler may add nodes)", what, time.monotonic() - t0
-            )
+    try:
+        while pending:
+            left = timeout_s - (time.monotonic() - t0)
+            if left <= 0:
+                raise RuntimeError(
+                    f"cannot place {what} within {timeout_s:.0f} s (the cluster has {ray.cluster_resources()}); "
+                    "ask less of it in the config, or let the cluster grow"
+                )
+            _, pending = await asyncio.wait(pending, timeout=min(PLACEMENT_LOG_S, left))
+            if pending:
+                log.info(
+                    "waiting for %s to be placed (%.0f s so far; an autoscaler may add nodes)",
+                    what,
+                    time.monotonic() - t0,
+                )
+    finally:
+        for f in pending:
+            f.cancel()
 
 
 # --------------------------------------------------------------------------- fitting roles

@@ -6,6 +6,7 @@ started: a driver attached to someone's cluster just disconnects.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import os
@@ -101,7 +102,7 @@ def _name_taken(name: str) -> RuntimeError:
     )
 
 
-def wait_name_free(name: str, timeout_s: float) -> None:
+async def wait_name_free(name: str, timeout_s: float) -> None:
     """Wait until no live actor holds `name` (the GCS frees a killed actor's name once it has marked it
     dead); RuntimeError naming the actor past `timeout_s`."""
     import ray
@@ -114,7 +115,7 @@ def wait_name_free(name: str, timeout_s: float) -> None:
             return
         if time.monotonic() > deadline:
             raise RuntimeError(f"{name}: the name is still taken {timeout_s:.0f} s after killing it")
-        time.sleep(0.1)
+        await asyncio.sleep(0.1)
 
 
 @functools.cache

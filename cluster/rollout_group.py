@@ -318,7 +318,7 @@ class RolloutGroup:
             what = (
                 f"{r.engines} engine(s) of {r.engine_resources.describe()} (rollout.engines, rollout.engine_resources)"
             )
-            await asyncio.to_thread(wait_placed, self.groups, what, self.start_timeout_s)
+            await wait_placed(self.groups, what, self.start_timeout_s)
             for i in range(r.engines):  # one at a time: a failed start shuts down those already started
                 name = actor_name(self.cfg.run_name, "engine", i)
                 self.engines.append(start_named(remote_class(EngineHost), name, self._engine_options(i), self.cfg, i))
@@ -479,7 +479,7 @@ class RolloutGroup:
         name = actor_name(self.cfg.run_name, role, index)
         ray.kill(old, no_restart=True)
         try:
-            await asyncio.to_thread(wait_name_free, name, NAME_FREE_TIMEOUT_S)
+            await wait_name_free(name, NAME_FREE_TIMEOUT_S)
         except RuntimeError as e:
             raise RolloutGroupError(str(e)) from None
         return start_named(remote_class(cls), name, options, *args)

@@ -203,18 +203,18 @@ def _vocab_size(cfg: Config) -> int:
 # --------------------------------------------------------------------------- 1. learner tokens/s
 
 
-def bench_learner(learner: Any, batch: list[dict[str, Any]], warmup: int, steps: int) -> dict[str, Any]:
+async def bench_learner(learner: Any, batch: list[dict[str, Any]], warmup: int, steps: int) -> dict[str, Any]:
     """`warmup` train_steps on the batch's first WARMUP_SAMPLES samples (one-time costs: lazy set-up, the
     optimizer's state, thread pools; a few samples pay them as well as the whole batch, at a fraction of
     its time), then `steps` timed train_steps on the whole batch (the learner's clock and the driver's)."""
     tokens = sum(len(s["prompt_ids"]) + len(s["response_ids"]) for s in batch)
     generated = sum(len(s["response_ids"]) for s in batch)
     for _ in range(warmup):
-        learner.train_step(batch[:WARMUP_SAMPLES])
+        await learner.train_step(batch[:WARMUP_SAMPLES])
     step_s, wall_s, last = [], [], {}
     for _ in range(steps):
         t = time.perf_counter()
-        last = learner.train_step(batch)
+        last = await learner.train_step(batch)
         wall_s.append(time.perf_counter() - t)
         step_s.append(float(last["step_time_s"]))
         if not all(math.isfinite(float(last[k])) for k in ("policy_loss", "grad_norm")):
@@ -249,7 +249,7 @@ async def _confirm(rollout: Any, version: int) -> None:
 async def push_object_store(learner: Any, rollout: Any, version: int) -> dict[str, Any]:
     """Path (a): export_adapter_ref → push_adapter; returns seconds and the ref (for the fetch probe)."""
     t0 = time.perf_counter()
-    ref = learner.export_adapter_ref()
+    ref = await learner.export_adapter_ref()
     t1 = time.perf_counter()
     result = await rollout.push_adapter(version, ref)
     t2 = time.perf_counter()
@@ -267,7 +267,7 @@ async def push_object_store(learner: Any, rollout: Any, version: int) -> dict[st
 async def push_disk(learner: Any, rollout: Any, version: int, folder: Path) -> dict[str, Any]:
     """Path (b): save_adapter(folder) → every engine reads the folder and loads it → versions read back."""
     t0 = time.perf_counter()
-    learner.save_adapter(str(folder))
+    await learner.save_adapter(str(folder))
     t1 = time.perf_counter()
 
     async def one(handle: Any) -> tuple[float, float]:
@@ -372,13 +372,11 @@ async def bench_lora_push(
 
 async def bench_weight_sync(learner: Any, rollout: Any, pushes: int, first_version: int) -> tuple[dict[str, Any], int]:
     """One warm-up sync, then `pushes` timed: export_weights_refs → push_weights (every engine confirms)."""
-    import ray
-
     version = first_version
     export_s, push_s, chunks, nbytes = [], [], 0, 0
     for i in range(pushes + 1):
         t0 = time.perf_counter()
-        refs = learner.export_weights_refs()
+        refs = await learner.export_weights_refs()
         t1 = time.perf_counter()
         result = await rollout.push_weights(version, refs)
         t2 = time.perf_counter()
@@ -386,7 +384,7 @@ async def bench_weight_sync(learner: Any, rollout: Any, pushes: int, first_versi
             raise RuntimeError(f"bench_train: push_weights v{version} reached engines {result['engines']} only")
         if i == 0:
             chunks = len(refs)
-            nbytes = sum(t.numel() * t.element_size() for c in ray.get(refs) for t in c.values())
+            nbytes = sum(t.numel() * t.element_size() for c in await asyncio.gather(*refs) for t in c.values())
         else:
             export_s.append(t1 - t0)
             push_s.append(t2 - t1)
@@ -454,13 +452,17 @@ def run_train_suite(args: argparse.Namespace | None = None) -> dict[str, Any]:
     session = contextlib.nullcontext() if ray.is_initialized() else ray_session(lora_cfg.cluster)
     lora_learner = LearnerGroup(lora_cfg)
     full_learner = LearnerGroup(bench_config(opts, "full", "hf", opts.engines))
+
+    async def parts() -> None:
+        try:
+            await _run_parts(report, opts, batch, console, lora_learner, full_learner, root, t_start)
+        finally:
+            await lora_learner.shutdown()
+            await full_learner.shutdown()
+
     try:
         with session:
-            try:
-                _run_parts(report, opts, batch, console, lora_learner, full_learner, root, t_start)
-            finally:
-                lora_learner.shutdown()
-                full_learner.shutdown()
+            asyncio.run(parts())
     finally:
         shutil.rmtree(root, ignore_errors=True)
     report["wall_s"] = time.perf_counter() - t_start
@@ -468,20 +470,20 @@ def run_train_suite(args: argparse.Namespace | None = None) -> dict[str, Any]:
     return report
 
 
-def _run_parts(
+async def _run_parts(
     report: dict[str, Any], opts: argparse.Namespace, batch: list[dict[str, Any]], console: Any,
     lora_learner: Any, full_learner: Any, root: Path, t_start: float,
 ) -> None:  # fmt: skip
     from actors.engines import vllm_available
 
     with console.status("train: starting the learners (LoRA and full)"):
-        report["learner_setup_s"] = lora_learner.start()["setup_s"]
-        full_learner.start()
+        report["learner_setup_s"] = (await lora_learner.start())["setup_s"]
+        await full_learner.start()
     steps = opts.train_warmup + opts.train_steps
     with console.status(f"train: {steps} train_step(s) of {opts.samples} samples"):
-        report["learner"] = bench_learner(lora_learner, batch, opts.train_warmup, opts.train_steps)
+        report["learner"] = await bench_learner(lora_learner, batch, opts.train_warmup, opts.train_steps)
     with console.status(f"train: {opts.engines} HF engine(s): LoRA pushes a/b, weight syncs"):
-        report["hf"] = asyncio.run(bench_engines(lora_learner.cfg, lora_learner, full_learner, opts, root))
+        report["hf"] = await bench_engines(lora_learner.cfg, lora_learner, full_learner, opts, root)
     elapsed = time.perf_counter() - t_start
     if opts.vllm == "off":
         report["vllm"] = {"skipped": "--vllm off"}
@@ -495,7 +497,7 @@ def _run_parts(
     else:
         vllm_cfg = bench_config(opts, "lora", "vllm", 1)
         with console.status("train: 1 vLLM engine: start, LoRA pushes a/b, weight syncs"):
-            report["vllm"] = asyncio.run(bench_engines(vllm_cfg, lora_learner, full_learner, opts, root))
+            report["vllm"] = await bench_engines(vllm_cfg, lora_learner, full_learner, opts, root)
 
 
 def print_train(report: dict[str, Any], console: Any) -> None:

@@ -208,14 +208,14 @@ class Driver:
 
         print(f"starting the learner group ({self.cfg.learner.workers} worker(s))", flush=True)
         self.learner = LearnerGroup(self.cfg)
-        info = await asyncio.to_thread(self.learner.start)
+        info = await self.learner.start()
         log.info("learner: %s", info)
 
     async def _resume(self, ckpt: str) -> None:
         """The learner's state, the step, the policy version and the evaluations from `ckpt`; the policy
         goes to the engines. After a warm start the checkpoint's adapters include the KL reference's (the
         warm-started policy; actors/learner.py), so nothing is read from <run>/sft."""
-        extra = await asyncio.to_thread(self.learner.load_checkpoint, ckpt)
+        extra = await self.learner.load_checkpoint(ckpt)
         self.step, self.version = int(extra["step"]), int(extra["version"])
         self.evals = dict(extra.get("evals", {}))
         print(f"resumed from {ckpt} at step {self.step} (policy v{self.version})", flush=True)
@@ -282,7 +282,7 @@ class Driver:
         adapter = None
         if cfg.finetune.mode == "lora":
             stored = storage.join(self.location, "final_adapter")
-            await asyncio.to_thread(self.learner.save_adapter, stored)
+            await self.learner.save_adapter(stored)
             adapter = await asyncio.to_thread(storage.fetch, stored)  # the report and W&B read it here
             self.tracker.log_artifact(adapter, f"{cfg.run_name}-adapter", "lora_adapter")
 
@@ -309,14 +309,11 @@ class Driver:
             undeploy_judge(self.judge)
         if self.pool is not None:
             undeploy_pool(self.pool)
-        for what, stop in (
-            ("rollout", lambda: self.rollout and self.rollout.shutdown()),
-            ("learner", lambda: self.learner and asyncio.to_thread(self.learner.shutdown)),
-        ):
+        for what, group in (("rollout", self.rollout), ("learner", self.learner)):
+            if group is None:
+                continue
             try:
-                awaitable = stop()
-                if awaitable:
-                    await awaitable
+                await group.shutdown()
             except Exception as e:  # stopping one role must not keep the others running
                 log.warning("stopping the %s failed: %s", what, e)
         release_request()  # preflight's request to the autoscaler: idle nodes may go now
@@ -346,8 +343,8 @@ class Driver:
         self.learner_restarts += 1
         log.warning("%s: rebuilding the learner group from %s (%d of %d)", error, ckpt, self.learner_restarts, budget)
         try:
-            await asyncio.to_thread(self.learner.restart)
-            extra = await asyncio.to_thread(self.learner.load_checkpoint, ckpt)
+            await self.learner.restart()
+            extra = await self.learner.load_checkpoint(ckpt)
             self.step, self.evals = int(extra["step"]), dict(extra.get("evals", {}))
             # Engines serve only newer versions: the checkpoint's policy comes back under a new one.
             self.version += 1
@@ -425,7 +422,7 @@ class Driver:
             )
         metrics.update({f"adv/{k}": float(v) for k, v in adv_stats.items()})
         with self.tracker.phase("train"):
-            train = await asyncio.to_thread(self.learner.train_step, to_samples(kept, adv.tolist()))
+            train = await self.learner.train_step(to_samples(kept, adv.tolist()))
         metrics.update({f"train/{k}": float(v) for k, v in train.items()})
         self.version += 1
         with self.tracker.phase("sync"):
@@ -462,9 +459,9 @@ class Driver:
         from actors.engines import weight_push
 
         if weight_push(self.cfg) == "adapter":
-            ref = await asyncio.to_thread(self.learner.export_adapter_ref)
+            ref = await self.learner.export_adapter_ref()
             return await self.rollout.push_adapter(version, ref)
-        refs = await asyncio.to_thread(self.learner.export_weights_refs)
+        refs = await self.learner.export_weights_refs()
         return await self.rollout.push_weights(version, refs)
 
     async def _warm_start(self) -> None:
@@ -483,7 +480,7 @@ class Driver:
             for k, batch in enumerate(batch_order(len(samples), sw.batch_size, sw.steps, cfg.train.seed), 1):
                 chosen = [samples[i] for i in batch]
                 t0 = time.perf_counter()
-                out = await asyncio.to_thread(self.learner.sft_step, chosen)
+                out = await self.learner.sft_step(chosen)
                 train_s += time.perf_counter() - t0
                 tokens += sum(len(s["prompt_ids"]) + len(s["response_ids"]) for s in chosen)
                 losses.append(float(out["sft_loss"]))
@@ -495,8 +492,8 @@ class Driver:
                 )
                 bar.update()
         warm = storage.join(self.location, "sft")
-        await asyncio.to_thread(self.learner.save_adapter, warm)
-        reference = await asyncio.to_thread(self.learner.reset_reference)
+        await self.learner.save_adapter(warm)
+        reference = await self.learner.reset_reference()
         self.tracker.log(0, {"sft/final_loss": losses[-1], "sft/tokens_per_s": tokens / train_s if train_s else 0.0})
         print(
             f"warm start done: loss {losses[0]:.3f} → {losses[-1]:.3f}, {len(samples)} expert trajectories "
@@ -531,7 +528,7 @@ class Driver:
     async def _checkpoint(self) -> None:
         folder = storage.join(self.location, "checkpoints", f"step_{self.step}")
         extra = {"step": self.step, "version": self.version, "evals": self.evals}
-        await asyncio.to_thread(self.learner.save_checkpoint, folder, extra)
+        await self.learner.save_checkpoint(folder, extra)
         await asyncio.to_thread(self.mirror.push)  # the metrics that go with it
         log.info("checkpoint: %s", folder)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import ray
 import torch
@@ -50,7 +52,7 @@ def mean_logprob(rows: list[list[float]]) -> float:
     return sum(vals) / len(vals)
 
 
-def test_lora_group_learns_and_exports_the_whole_adapter(ray_cluster) -> None:
+async def test_lora_group_learns_and_exports_the_whole_adapter(ray_cluster) -> None:
     cfg = make_cfg("lora", lr=3e-3)
     # The same seed on one in-process rank: the group's gathered adapter must equal this one's.
     single = Learner(cfg.model_copy(deep=True))
@@ -61,9 +63,9 @@ def test_lora_group_learns_and_exports_the_whole_adapter(ray_cluster) -> None:
 
     group = LearnerGroup(cfg)
     try:
-        info = group.start()
+        info = await group.start()
         assert info["world_size"] == 2 and info["backend"] == "fsdp2"
-        adapter = adapter_state_dict(ray.get(group.export_adapter_ref()))
+        adapter = adapter_state_dict(await (await group.export_adapter_ref()))
         reference = adapter_state_dict(reference_adapter)
         assert adapter.keys() == reference.keys()
         for k, v in reference.items():
@@ -71,35 +73,35 @@ def test_lora_group_learns_and_exports_the_whole_adapter(ray_cluster) -> None:
 
         batch = fixed_batch()
         sft = [{k: s[k] for k in ("prompt_ids", "response_ids", "loss_mask")} for s in batch]
-        losses = [group.sft_step(sft)["sft_loss"] for _ in range(3)]  # the warm start comes first
+        losses = [(await group.sft_step(sft))["sft_loss"] for _ in range(3)]  # the warm start comes first
         assert losses[-1] < losses[0] - 0.1
 
-        before = mean_logprob(group.score(batch))
-        metrics = [group.train_step(batch) for _ in range(3)]
-        after = mean_logprob(group.score(batch))
+        before = mean_logprob(await group.score(batch))
+        metrics = [await group.train_step(batch) for _ in range(3)]
+        after = mean_logprob(await group.score(batch))
         assert after > before + 0.1
         assert metrics[0]["samples"] == 5 and metrics[0]["tokens"] == 5 * len(CHOSEN)
         assert metrics[0]["grad_norm"] > 0 and metrics[0]["tokens_per_s"] > 0
 
-        trained = adapter_state_dict(ray.get(group.export_adapter_ref()))
+        trained = adapter_state_dict(await (await group.export_adapter_ref()))
         assert any(not torch.equal(trained[k], v) for k, v in adapter.items())
     finally:
-        group.shutdown()
+        await group.shutdown()
 
 
-def test_full_group_step_and_weight_export(ray_cluster) -> None:
+async def test_full_group_step_and_weight_export(ray_cluster) -> None:
     cfg = make_cfg("full", lr=1e-3)
     group = LearnerGroup(cfg)
     try:
-        group.start()
+        await group.start()
         pg = group.placement_group
         for i, actor in enumerate(group.actors):  # named for the dashboard
             assert ray.get_actor(f"mcprl:{cfg.run_name}:learner-{i}")._actor_id == actor._actor_id
-        metrics = group.train_step(fixed_batch(3))  # 3 samples on 2 ranks
+        metrics = await group.train_step(fixed_batch(3))  # 3 samples on 2 ranks
         assert metrics["samples"] == 3 and metrics["grad_norm"] > 0
-        refs = group.export_weights_refs(max_chunk_bytes=1 << 20)
+        refs = await group.export_weights_refs(max_chunk_bytes=1 << 20)
         assert len(refs) > 1 and all(isinstance(r, ray.ObjectRef) for r in refs)
-        chunks = ray.get(refs)
+        chunks = await asyncio.gather(*refs)
         exported = {n: t for c in chunks for n, t in c.items()}
         model = load_causal_lm(cfg.model)
         shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
@@ -108,39 +110,39 @@ def test_full_group_step_and_weight_export(ray_cluster) -> None:
         q = "model.layers.0.self_attn.q_proj.weight"
         assert not torch.equal(exported[q], model.state_dict()[q])
     finally:
-        group.shutdown()
+        await group.shutdown()
     assert placement_group_table(pg)["state"] == "REMOVED"
     assert group.actors == [] and group.placement_group is None
     with pytest.raises(RuntimeError, match="start"):
-        group.train_step(fixed_batch(1))
+        await group.train_step(fixed_batch(1))
 
 
-def test_group_checkpoint_resumes_exactly_and_reshards(ray_cluster, tmp_path) -> None:
+async def test_group_checkpoint_resumes_exactly_and_reshards(ray_cluster, tmp_path) -> None:
     cfg = make_cfg("lora", lr=3e-3)
     cfg.algorithm.kl_coef = 0.1
     cfg.learner.reference = "ema"  # the reference adapter is saved and restored too
     batch = fixed_batch()
     group = LearnerGroup(cfg)
     try:
-        group.start()
-        group.train_step(batch)
-        group.save_checkpoint(str(tmp_path / "ckpt"), {"data_position": 5})
-        expected_metrics = group.train_step(batch)
-        expected = group.score(batch)
+        await group.start()
+        await group.train_step(batch)
+        await group.save_checkpoint(str(tmp_path / "ckpt"), {"data_position": 5})
+        expected_metrics = await group.train_step(batch)
+        expected = await group.score(batch)
     finally:
-        group.shutdown()
+        await group.shutdown()
 
     group = LearnerGroup(cfg)
     try:
-        group.start()
-        assert group.load_checkpoint(str(tmp_path / "ckpt")) == {"data_position": 5}
-        saved_adapter = ray.get(group.export_adapter_ref())
-        metrics = group.train_step(batch)
-        assert group.score(batch) == expected
+        await group.start()
+        assert await group.load_checkpoint(str(tmp_path / "ckpt")) == {"data_position": 5}
+        saved_adapter = await (await group.export_adapter_ref())
+        metrics = await group.train_step(batch)
+        assert await group.score(batch) == expected
         for k in ("policy_loss", "kl", "grad_norm", "ratio_mean"):
             assert metrics[k] == expected_metrics[k], k
     finally:
-        group.shutdown()
+        await group.shutdown()
 
     # The sharded checkpoint of two ranks loads into one rank.
     single_cfg = cfg.model_copy(deep=True)
