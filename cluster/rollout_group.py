@@ -645,41 +645,50 @@ class RolloutGroup:
 
     # ------------------------------------------------------------------ introspection
 
-    def versions(self) -> list[int]:
+    async def versions(self) -> list[int]:
         """The version each engine gives new requests (-1 for a dead engine)."""
-        import ray
         from ray.exceptions import RayActorError
 
-        out = []
-        for i, h in enumerate(self.engines):
-            try:
-                out.append(-1 if i in self.dead else int(ray.get(h.version.remote())))
-            except RayActorError as e:
-                self._mark_dead(i, e)
-                out.append(-1)
+        live = [(i, h) for i, h in enumerate(self.engines) if i not in self.dead]
+        results = await asyncio.gather(*(h.version.remote() for _, h in live), return_exceptions=True)
+        out = [-1] * len(self.engines)
+        for (i, _), r in zip(live, results, strict=True):
+            if isinstance(r, RayActorError):
+                self._mark_dead(i, r)
+            elif isinstance(r, BaseException):
+                raise r
+            else:
+                out[i] = int(r)
         return out
 
-    def stats(self) -> dict[str, Any]:
+    async def stats(self) -> dict[str, Any]:
         """Runner progress (summed, and per runner) and each engine's stats ({"dead": True} once gone)."""
-        import ray
         from ray.exceptions import RayActorError
 
-        def get(handle: Any) -> dict[str, Any] | None:
+        async def get(handle: Any) -> dict[str, Any] | None:
             try:
-                return ray.get(handle.stats.remote())
+                return await handle.stats.remote()
             except RayActorError:
                 return None
 
-        runners = [get(h) or {"dead": True} for h in self.runners]
-        engines: list[dict[str, Any]] = []
-        for i, h in enumerate(self.engines):
-            s = None if i in self.dead else get(h)
+        async def engine(i: int, handle: Any) -> dict[str, Any] | None:
+            return None if i in self.dead else await get(handle)
+
+        runners, engines = await asyncio.gather(
+            asyncio.gather(*(get(h) for h in self.runners)),
+            asyncio.gather(*(engine(i, h) for i, h in enumerate(self.engines))),
+        )
+        for i, s in enumerate(engines):
             if s is None:
                 self.dead.add(i)
-            engines.append(s if s is not None else {"dead": True})
-        total = {k: sum(r.get(k, 0) for r in runners) for k in SUMMED_RUNNER_STATS}
+        total = {k: sum(r.get(k, 0) for r in runners if r is not None) for k in SUMMED_RUNNER_STATS}
         total["turns_played"] = self.turns_played
-        return {**total, "runners": runners, "engines": engines, "dead_engines": sorted(self.dead)}
+        return {
+            **total,
+            "runners": [r if r is not None else {"dead": True} for r in runners],
+            "engines": [s if s is not None else {"dead": True} for s in engines],
+            "dead_engines": sorted(self.dead),
+        }
 
 
 __all__ = ["EngineHost", "RemoteEngine", "RolloutGroup", "RolloutGroupError", "RunnerHost", "core_slice", "cpu_list"]

@@ -396,16 +396,15 @@ class Driver:
 
         cfg = self.cfg
         metrics: dict[str, float] = {f"rollout/{k}": v for k, v in rollout_metrics(trajs).items()}
-        stats = self.rollout.stats() if hasattr(self.rollout, "stats") else {}
-        if isinstance(stats, dict):
-            for key in ("tokens_per_s", "episodes_per_s"):
-                if key in stats:
-                    metrics[f"rollout/{key}"] = float(stats[key])
-            counts = prefix_cache_counts(stats.get("engines", []))
-            rate = prefix_cache_hit_rate(counts, self.cache_counts)
-            self.cache_counts = counts
-            if rate is not None:
-                metrics["rollout/prefix_cache_hit_rate"] = rate
+        stats = await self.rollout.stats()
+        for key in ("tokens_per_s", "episodes_per_s"):
+            if key in stats:
+                metrics[f"rollout/{key}"] = float(stats[key])
+        counts = prefix_cache_counts(stats.get("engines", []))
+        rate = prefix_cache_hit_rate(counts, self.cache_counts)
+        self.cache_counts = counts
+        if rate is not None:
+            metrics["rollout/prefix_cache_hit_rate"] = rate
         kept = [t for t in trajs if not t.infra_fault]
         metrics["rollout/dropped_infra"] = float(len(trajs) - len(kept))
         if cfg.reward.backend == "group_judge":
@@ -502,7 +501,7 @@ class Driver:
         )
         self.version = 1  # the warm start's adapter becomes policy v1 on the engines
         await self._push(self.version)
-        versions = await asyncio.to_thread(self.rollout.versions)
+        versions = await self.rollout.versions()
         print(f"warm start: policy v{self.version} on the engines (versions {versions})", flush=True)
         await self._evaluate("after warm start")
 

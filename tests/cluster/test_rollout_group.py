@@ -144,11 +144,11 @@ async def test_episodes_are_well_formed(group: RolloutGroup, tokenizer) -> None:
         assert t.turns == 2 and t.versions == [0, 0] and t.restarts == 0
         assert t.tool_stats["tool_calls"] == 0  # tiny-random makes no valid call; the env still answers
     assert {t.engine for t in trajs} == {0, 1}  # least-loaded routing over both engine actors
-    stats = group.stats()
+    stats = await group.stats()
     assert stats["done"] == stats["episodes"] == 8 and stats["running"] == 0 and stats["failed"] == 0
     assert stats["generated_tokens"] == sum(t.num_generated for t in trajs)
     assert [e["placement"]["torch_threads"] for e in stats["engines"]] == [1, 1]  # 2 cores split over 2 engines
-    assert group.versions() == [0, 0]
+    assert await group.versions() == [0, 0]
 
     # An EngineError raised in the actor comes back as EngineError (the request's fault, no restart).
     with pytest.raises(EngineError, match="empty prompt"):
@@ -167,7 +167,7 @@ async def test_actors_carry_the_run_name(group: RolloutGroup, pool) -> None:
     with pytest.raises(RuntimeError, match=rf"'mcprl:{run}:engine-0' is taken in namespace .*run_name"):
         await second.start()
     assert second.engines == [] and second.runners == []
-    assert group.versions() == [0, 0]
+    assert await group.versions() == [0, 0]
 
 
 async def test_sampling_override_greedy_is_repeatable(group: RolloutGroup) -> None:
@@ -193,7 +193,7 @@ async def test_push_adapter_through_the_object_store(group: RolloutGroup) -> Non
     ref = ray.put(make_adapter(seed=0))
     report = await group.push_adapter(1, ref)
 
-    assert group.versions() == [1, 1]
+    assert await group.versions() == [1, 1]
     assert report["engines"] == [0, 1] and len(report["per_engine_s"]) == 2
     assert report["latency_s"] == max(report["per_engine_s"]) > 0
     # each engine's own load time: part of what the driver waited for that engine
@@ -213,7 +213,7 @@ async def test_engines_export_their_policy_version(group: RolloutGroup) -> None:
     """Each engine actor sets its version gauge after a load: the node's Prometheus endpoint shows v1 on both."""
     from tests.prometheus import find, wait_for
 
-    assert group.versions() == [1, 1]  # pushed by the test above
+    assert await group.versions() == [1, 1]  # pushed by the test above
     run = group.cfg.run_name
 
     def versions(samples: list) -> dict[str, float] | None:
@@ -249,7 +249,7 @@ async def test_engine_killed_mid_run_every_episode_comes_back_once(group: Rollou
         check_well_formed(t, tokenizer, group.cfg)
         assert t.turns == 6 and t.versions == [1] * 6
     assert all(t.engine == 1 for t in restarted)
-    stats = group.stats()
+    stats = await group.stats()
     assert stats["restarts"] == sum(t.restarts for t in trajs) and stats["failed"] == 0
 
     # The dead actor surfaces as EngineUnavailable (not EngineError): the runner restarts, not fails.
@@ -262,14 +262,14 @@ async def test_engine_killed_mid_run_every_episode_comes_back_once(group: Rollou
     assert group.engine_restarts == 1 and group.dead == set()
     assert group.engines[0]._actor_id != victim._actor_id
     assert ray.get_actor(f"mcprl:{group.cfg.run_name}:engine-0")._actor_id == group.engines[0]._actor_id
-    assert group.versions() == [1, 1]
-    stats = group.stats()
+    assert await group.versions() == [1, 1]
+    stats = await group.stats()
     assert stats["dead_engines"] == [] and stats["runners"][0]["dead_engines"] == []
     assert stats["engines"][0]["placement"]["torch_threads"] == 1  # its own core slice again
     # Pushes reach it, and the next run uses both engines again.
     report = await group.push_adapter(2, ray.put(make_adapter(seed=1)))
     assert report["engines"] == [0, 1] and report["dead_engines"] == [] and report["restarted_engines"] == []
-    assert group.versions() == [2, 2]
+    assert await group.versions() == [2, 2]
     again = await group.run([row(i) for i in range(4)], group_size=2)
     assert {t.engine for t in again} == {0, 1}
     assert all(t.versions == [2] * t.turns and not t.restarts and not t.infra_fault for t in again)
@@ -305,7 +305,7 @@ async def test_runner_killed_mid_run_is_replaced_and_its_tasks_rerun(group: Roll
         assert t.turns == 4 and t.versions == [2] * 4
     assert group.runner_restarts == 1 and group.runners[0]._actor_id != victim._actor_id
     assert ray.get_actor(f"mcprl:{group.cfg.run_name}:runner-0")._actor_id == group.runners[0]._actor_id
-    stats = group.stats()  # the replacement's stats: this run's episodes, on both engines
+    stats = await group.stats()  # the replacement's stats: this run's episodes, on both engines
     assert stats["done"] == stats["episodes"] == 6 and stats["failed"] == 0
     assert {t.engine for t in trajs} == {0, 1}
 
@@ -315,9 +315,9 @@ async def test_engine_restarts_are_bounded(group: RolloutGroup) -> None:
 
     group.cfg.rollout.max_engine_restarts = group.engine_restarts  # budget spent (the driver's copy decides)
     ray.kill(group.engines[1], no_restart=True)
-    assert group.versions() == [2, -1]
+    assert await group.versions() == [2, -1]
     trajs = await group.run([row(i) for i in range(2)], group_size=1)
     assert [t.engine for t in trajs] == [0, 0] and not any(t.infra_fault for t in trajs)
-    assert group.dead == {1} and group.versions() == [2, -1]
+    assert group.dead == {1} and await group.versions() == [2, -1]
     report = await group.push_adapter(3, ray.put(make_adapter(seed=2)))
     assert report["engines"] == [0] and report["dead_engines"] == [1] and report["restarted_engines"] == []
