@@ -399,27 +399,15 @@ class EpisodeRunner:
                 logprobs, missing = self._logprobs(gen, len(ids))
                 traj.missing_logprobs += missing
                 self._stats.generated_tokens += len(ids)
-                traj.response_ids += ids
-                traj.loss_mask += [1] * len(ids)
-                traj.rollout_logprobs += logprobs
-                appended = not tmpl.ends_turn(ids)
-                if appended:  # stop string or length: close the turn as the template would
-                    traj.response_ids += tmpl.eot_ids
-                    traj.loss_mask += [0] * len(tmpl.eot_ids)
-                    traj.rollout_logprobs += [0.0] * len(tmpl.eot_ids)
                 text = self.tokenizer.decode(ids, skip_special_tokens=True)
-                traj.messages.append({"role": "assistant", "content": text})
 
                 t = time.perf_counter()
                 out = await env.astep(text)
                 env_s += time.perf_counter() - t
-                meta = dict(out.get("metadata") or {})
-                traj.turn_rewards.append(float(out["reward"]))
-                traj.versions.append(int(gen.version))
-                traj.turn_finish.append(gen.finish_reason)
-                traj.appended_eot.append(appended)
-                traj.env_metadata.append(meta)
-                traj.infra_fault = traj.infra_fault or bool(meta.get("infra_fault"))
+                # Stopped on a stop string or the length limit: close the turn as the template would.
+                closing = [] if tmpl.ends_turn(ids) else tmpl.eot_ids
+                traj.add_turn(ids, logprobs, text, out, closing=closing, version=gen.version, finish=gen.finish_reason)
+                meta = traj.env_metadata[-1]
                 if out["done"]:
                     traj.finish_reason = "max_turns" if meta.get("done_reason") == "max_turns" else "done"
                     break

@@ -150,15 +150,7 @@ async def _play(cfg: Config, row: dict, index: int, tmpl: ChatTemplate, tool_cli
             problem = _turn_problem(meta, out.get("observations") or [])
             if problem:
                 raise ExpertPlayError(f"turn {k + 1} ({_short(text)}): {problem}")
-            traj.response_ids += ids
-            traj.loss_mask += [1] * len(ids)
-            traj.rollout_logprobs += [0.0] * len(ids)
-            traj.messages.append({"role": "assistant", "content": text})
-            traj.turn_rewards.append(float(out["reward"]))
-            traj.versions.append(0)
-            traj.turn_finish.append("stop")
-            traj.appended_eot.append(False)
-            traj.env_metadata.append(meta)
+            traj.add_turn(ids, [0.0] * len(ids), text, out, version=0, finish="stop")
             if out["done"]:
                 rest = turns[k + 1 :]
                 # A task without final_answer ends when its sequence is done: the empty answer turn is not played.
