@@ -40,13 +40,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from actors.engine_api import EngineError, Generation, TurnDoesNotFit
-from actors.episode_runner import ChatTemplate, EpisodeRunner, _task_id, env_config_for
+from actors.episode_runner import ChatTemplate, EpisodeRunner, _task_id
 from actors.trajectory import Trajectory
 from configs.schema import Config, SamplingConfig
 from envs.mcp_tool_env import MCPToolEnv
@@ -56,10 +54,6 @@ from envs.prompting import call_syntax
 log = logging.getLogger(__name__)
 
 MAX_CONCURRENT_ROWS = 8  # rows played at once: tool calls overlap, the token work is cheap
-
-
-class ExpertPlayError(RuntimeError):
-    """The expert play of one row failed; the message says at which turn and why."""
 
 
 def check_rows(rows: Sequence[Any]) -> None:
@@ -82,110 +76,6 @@ def check_rows(rows: Sequence[Any]) -> None:
                 raise ValueError(f"{where}: tool_sequence[{j}] needs server, tool and params")
         if not isinstance(row.get("prompt"), list) or not row["prompt"]:
             raise ValueError(f"{where}: no prompt messages")
-
-
-async def _legacy_expert_trajectories(
-    cfg: Config, rows: list[dict], tokenizer: Any, tool_client: Any = None, *, stats: dict[str, Any] | None = None
-) -> list[Trajectory]:
-    """The expert trajectory of each playable row, in row order (failed rows skipped).
-
-    `tool_client`: where the tools are; None = the env's own, from `cfg.env.tools` (default: in-process).
-
-    `stats`, when given, is filled with {rows, played, skipped, skipped_tasks: {task_id: reason},
-    truncated, generated_tokens, total_tokens}.
-    """
-    check_rows(rows)
-    template = ChatTemplate(tokenizer)
-    play_cfg = cfg.model_copy(
-        update={
-            "env": env_config_for(cfg.env, template),  # the prompt the runner will show this model
-            "reward": cfg.reward.model_copy(update={"backend": "heuristic"}),
-        }
-    )
-    limit = asyncio.Semaphore(MAX_CONCURRENT_ROWS)
-    skipped: dict[str, str] = {}
-
-    async def one(index: int, row: dict) -> Trajectory | None:
-        async with limit:
-            try:
-                return await _legacy_play(play_cfg, row, index, template, tool_client)
-            except ExpertPlayError as e:
-                task_id = _task_id(row, index)
-                skipped[task_id] = str(e)
-                log.warning("expert play of task %s (row %d) failed, row skipped: %s", task_id, index, e)
-                return None
-
-    results = await asyncio.gather(*(one(i, dict(row)) for i, row in enumerate(rows)))
-    trajs = [t for t in results if t is not None]
-    if stats is not None:
-        stats.update(
-            rows=len(rows),
-            played=len(trajs),
-            skipped=len(rows) - len(trajs),
-            skipped_tasks=skipped,
-            truncated=sum(t.finish_reason == "token_budget" for t in trajs),
-            generated_tokens=sum(t.num_generated for t in trajs),
-            total_tokens=sum(len(t.prompt_ids) + len(t.response_ids) for t in trajs),
-        )
-    return trajs
-
-
-async def _legacy_play(cfg: Config, row: dict, index: int, tmpl: ChatTemplate, tool_client: Any) -> Trajectory:
-    """Play one row's expert turns; the layout follows `EpisodeRunner._attempt` step for step."""
-    t0 = time.perf_counter()
-    env_s = 0.0
-    budget = cfg.rollout.max_total_tokens
-    turns = expert_turns(row, call_syntax(tmpl.tok))
-    try:
-        env = MCPToolEnv(cfg, extras=row, tool_client=tool_client)
-    except (ValueError, TypeError) as e:  # pydantic's ValidationError is a ValueError
-        raise ExpertPlayError(f"the env rejects the row: {_short(e, 300)}") from e
-    messages, info = await env.ainit(None)
-    tools = info["tool_definitions"]
-    traj = Trajectory(task_id=_task_id(row, index), group_id=index, sample_index=0)
-    traj.messages = [dict(m) for m in messages]
-    traj.prompt_ids = tmpl.prompt_ids(messages, tools)
-    try:
-        for k, text in enumerate(turns):
-            ids = tmpl.encode(text) + tmpl.eot_ids
-            if len(traj.prompt_ids) + len(traj.response_ids) + len(ids) > budget:
-                traj.finish_reason = "token_budget"  # the runner's engine would be cut here too
-                break
-            t = time.perf_counter()
-            out = await env.astep(text)
-            env_s += time.perf_counter() - t
-            meta = dict(out.get("metadata") or {})
-            problem = _turn_problem(meta, out.get("observations") or [])
-            if problem:
-                raise ExpertPlayError(f"turn {k + 1} ({_short(text)}): {problem}")
-            traj.add_turn(ids, [0.0] * len(ids), text, out, version=0, finish="stop")
-            if out["done"]:
-                rest = turns[k + 1 :]
-                # A task without final_answer ends when its sequence is done: the empty answer turn is not played.
-                if rest and not (meta.get("done_reason") == "sequence_complete" and rest == ["<answer></answer>"]):
-                    raise ExpertPlayError(
-                        f"the env ended the episode after turn {k + 1} of {len(turns)} ({meta.get('done_reason')})"
-                    )
-                traj.finish_reason = "done"
-                break
-            observations = [dict(m) for m in out["observations"]]
-            delta = tmpl.observation_delta(traj.messages, observations, tools)
-            if not traj.add_observations(observations, delta, budget):
-                break
-        else:
-            raise ExpertPlayError(f"the episode is still open after all {len(turns)} expert turns")
-    finally:
-        traj.reward = math.fsum(traj.turn_rewards)
-        traj.tool_stats = env.get_metrics()
-        traj.timings = {"generate_s": 0.0, "env_s": env_s, "wait_s": 0.0, "total_s": time.perf_counter() - t0}
-    if not traj.turns:
-        raise ExpertPlayError(f"not even the first turn fits the token budget of {budget} (rollout.max_total_tokens)")
-    if traj.finish_reason == "done":
-        if not env.state.sequence_done(env.ground_truth):
-            raise ExpertPlayError("the env does not count the tool_sequence as done after the expert calls")
-        if env.ground_truth.final_answer is not None and traj.tool_stats.get("reward/outcome", 0.0) <= 0:
-            raise ExpertPlayError("the expert answer does not earn the outcome reward (final_answer unreadable?)")
-    return traj
 
 
 # --------------------------------------------------------------------------- the engine
@@ -246,9 +136,7 @@ class ExpertEngine:
 
     async def generate(self, prompt_token_ids: list[int], sampling: SamplingConfig) -> Generation:
         self.calls += 1
-        text = self.tok.decode(prompt_token_ids, skip_special_tokens=False)
-        turn = text.count(self.header) - 1
-        script = self._script(text[: text.find(self.header)])
+        script, turn = self.locate(prompt_token_ids)
         if not 0 <= turn < len(script):
             raise EngineError(f"no expert turn {turn + 1}: the task has {len(script)}")
         ids = list(script[turn])
@@ -262,6 +150,11 @@ class ExpertEngine:
         return Generation(
             token_ids=ids, logprobs=[self.logprob] * len(ids), finish_reason=finish, version=self._version
         )
+
+    def locate(self, prompt_token_ids: Sequence[int]) -> tuple[list[list[int]], int]:
+        """The turns (ids) of the prompt's task, and which turn the prompt asks for (0-based)."""
+        text = self.tok.decode(list(prompt_token_ids), skip_special_tokens=False)
+        return self._script(text[: text.find(self.header)]), text.count(self.header) - 1
 
     def _script(self, head: str) -> list[list[int]]:
         """The turns of the task whose last prompt message is in `head` (the longest such, when several)."""
@@ -446,4 +339,4 @@ def _short(text: str, n: int = 80) -> str:
     return text if len(text) <= n else text[: n - 3] + "..."
 
 
-__all__ = ["ExpertEngine", "ExpertPlayError", "check_rows", "expert_trajectories"]
+__all__ = ["ExpertEngine", "check_rows", "expert_trajectories", "prompt_key"]
