@@ -18,6 +18,12 @@ class EngineError(RuntimeError):
     request's fault; the engine goes on serving others."""
 
 
+class TurnDoesNotFit(EngineError):
+    """The engine will not start a turn it cannot finish within `max_new_tokens` (a scripted engine knows
+    its turn's length beforehand, see actors/expert.py): the runner ends the episode at the token
+    budget, as when no room is left, instead of recording a cut turn."""
+
+
 class EngineUnavailable(RuntimeError):
     """The engine cannot serve anything (not started, shut down, its generation loop crashed): the
     runner moves the episode to another engine. Deliberately not an EngineError."""

@@ -32,7 +32,9 @@ episode ends as `engine_failed`, infra-flagged, and the engine stays in service.
 exception from `generate` means the engine died: it is marked dead (until `replace_engine`) and each
 of its episodes restarts from scratch (a fresh env) on another engine, up to
 `rollout.max_episode_restarts` times; then (or with no engine left) the episode comes back as
-infra_fault / `engine_failed`. Every episode comes back exactly once, in input order.
+infra_fault / `engine_failed`. `TurnDoesNotFit` (an EngineError: a scripted engine will not start a
+turn longer than the room left) ends the episode at the token budget, not as a failure. Every
+episode comes back exactly once, in input order.
 
 Modes (`rollout.mode`): `async` — each episode moves on as soon as its own generation and tools
 return; `lockstep` — episodes go in waves (all of them, or `max_concurrent_episodes` at a time)
@@ -52,7 +54,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from actors.engine_api import EngineError, Generation
+from actors.engine_api import EngineError, Generation, TurnDoesNotFit
 from actors.trajectory import Trajectory
 from configs.schema import Config, EnvConfig, SamplingConfig
 from envs import prompting
@@ -385,6 +387,9 @@ class EpisodeRunner:
                 t = time.perf_counter()
                 try:
                     gen: Generation = await engine.generate(traj.prompt_ids + traj.response_ids, sampling)
+                except TurnDoesNotFit:
+                    traj.finish_reason = "token_budget"
+                    break
                 except EngineError as e:  # this request's fault, not the engine's: no restart
                     log.warning("engine %d refused a request of %s: %s", engine_index, ep.task_id, e)
                     traj.infra_fault = True
@@ -399,27 +404,15 @@ class EpisodeRunner:
                 logprobs, missing = self._logprobs(gen, len(ids))
                 traj.missing_logprobs += missing
                 self._stats.generated_tokens += len(ids)
-                traj.response_ids += ids
-                traj.loss_mask += [1] * len(ids)
-                traj.rollout_logprobs += logprobs
-                appended = not tmpl.ends_turn(ids)
-                if appended:  # stop string or length: close the turn as the template would
-                    traj.response_ids += tmpl.eot_ids
-                    traj.loss_mask += [0] * len(tmpl.eot_ids)
-                    traj.rollout_logprobs += [0.0] * len(tmpl.eot_ids)
                 text = self.tokenizer.decode(ids, skip_special_tokens=True)
-                traj.messages.append({"role": "assistant", "content": text})
 
                 t = time.perf_counter()
                 out = await env.astep(text)
                 env_s += time.perf_counter() - t
-                meta = dict(out.get("metadata") or {})
-                traj.turn_rewards.append(float(out["reward"]))
-                traj.versions.append(int(gen.version))
-                traj.turn_finish.append(gen.finish_reason)
-                traj.appended_eot.append(appended)
-                traj.env_metadata.append(meta)
-                traj.infra_fault = traj.infra_fault or bool(meta.get("infra_fault"))
+                # Stopped on a stop string or the length limit: close the turn as the template would.
+                closing = [] if tmpl.ends_turn(ids) else tmpl.eot_ids
+                traj.add_turn(ids, logprobs, text, out, closing=closing, version=gen.version, finish=gen.finish_reason)
+                meta = traj.env_metadata[-1]
                 if out["done"]:
                     traj.finish_reason = "max_turns" if meta.get("done_reason") == "max_turns" else "done"
                     break

@@ -13,6 +13,7 @@ re-rendering them for such a template needs the tool definitions again). `respon
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -63,6 +64,38 @@ class Trajectory:
                 segments[-1].append(token)
             previous = m
         return segments
+
+    def add_turn(
+        self,
+        generated: Sequence[int],
+        logprobs: Sequence[float],
+        text: str,
+        step: Mapping[str, Any],
+        *,
+        closing: Sequence[int] = (),
+        version: int,
+        finish: str,
+    ) -> None:
+        """Record one assistant turn: the engine's `generated` ids (mask 1, with their `logprobs`), then
+        the `closing` ids the runner appended to end the turn (mask 0, logprob 0.0; none when the engine
+        closed it itself), the assistant message `text` (what the env read), and the env's answer to it
+        (`step`: `MCPToolEnv.astep`'s output; its observations are added by `add_observations`)."""
+        if len(logprobs) != len(generated):
+            raise ValueError(f"{len(generated)} generated ids but {len(logprobs)} logprobs")
+        self.response_ids += generated
+        self.loss_mask += [1] * len(generated)
+        self.rollout_logprobs += logprobs
+        self.response_ids += closing
+        self.loss_mask += [0] * len(closing)
+        self.rollout_logprobs += [0.0] * len(closing)
+        self.messages.append({"role": "assistant", "content": text})
+        meta = dict(step.get("metadata") or {})
+        self.turn_rewards.append(float(step["reward"]))
+        self.versions.append(int(version))
+        self.turn_finish.append(finish)
+        self.appended_eot.append(bool(closing))
+        self.env_metadata.append(meta)
+        self.infra_fault = self.infra_fault or bool(meta.get("infra_fault"))
 
     def add_observations(self, messages: list[dict[str, Any]], delta: list[int], budget: int) -> bool:
         """Append tool messages and their template ids (mask 0, logprob 0.0) when they fit in `budget`

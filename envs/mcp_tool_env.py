@@ -320,6 +320,7 @@ class MCPToolEnv(BaseTextEnv):
             "reward_components": components,
             "heuristic_reward": heuristic,
             "task_complete": self._complete,
+            "sequence_done": seq_done,  # every tool_sequence step done, as of this turn
             "done_reason": done_reason,
         }
         reward = await self._reward(heuristic, meta, history)

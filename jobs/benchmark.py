@@ -391,40 +391,22 @@ class LatentClient:
         return await self.pool.list_tools()
 
 
-class ExpertEngine:
-    """A RolloutEngine stand-in: turn k of a task's episode gets the task's k-th expert action."""
+def expert_engine(tokenizer: Any, rows: list[dict[str, Any]], gen_s: float) -> Any:
+    """A RolloutEngine stand-in: turn k of a task's episode gets the task's k-th expert action, as a
+    sampling engine with the stop strings returns it, after `gen_s` seconds."""
+    from actors.expert import ExpertEngine
 
-    def __init__(self, tokenizer: Any, rows: list[dict[str, Any]], gen_s: float) -> None:
-        self.tok, self.gen_s = tokenizer, gen_s
-        from envs.parsing import expert_turns
-
-        self.scripts = [(row["prompt"][-1]["content"], expert_turns(row)) for row in rows]
-
-    async def generate(self, prompt_token_ids: list[int], sampling: Any) -> Any:
-        from actors.engine_api import Generation
-
-        text = self.tok.decode(prompt_token_ids, skip_special_tokens=False)
-        turn = text.count("<|im_start|>assistant") - 1
-        script = next(actions for user, actions in self.scripts if user in text)
-        await asyncio.sleep(self.gen_s)
-        ids = self.tok.encode(script[min(turn, len(script) - 1)], add_special_tokens=False)[: sampling.max_new_tokens]
-        return Generation(token_ids=ids, logprobs=[-1.0] * len(ids), finish_reason="stop", version=0)
-
-    def version(self) -> int:
-        return 0
-
-    def stats(self) -> dict[str, Any]:
-        return {}
+    return ExpertEngine(tokenizer, rows, closes_turns=False, delay_s=gen_s, logprob=-1.0)
 
 
-class RealCostExpertEngine(ExpertEngine):
+class RealCostExpertEngine:
     """Real generation cost, expert answers: each turn first runs a real engine on the real conversation
     for a variable number of new tokens (uniform in `lengths`, seeded by the prompt, so both modes ask
-    the same), then answers with the expert action as ExpertEngine does. The episodes (and so the
+    the same), then answers with the expert action as `expert_engine` does. The episodes (and so the
     tool calls) are the scripted ones; what the engine costs, its batching included, is real."""
 
     def __init__(self, engine: Any, tokenizer: Any, rows: list[dict[str, Any]], lengths: tuple[int, int]) -> None:
-        super().__init__(tokenizer, rows, 0.0)
+        self.expert = expert_engine(tokenizer, rows, 0.0)
         self.engine, self.lengths = engine, lengths
         self.real_tokens = 0
 
@@ -437,7 +419,13 @@ class RealCostExpertEngine(ExpertEngine):
         knobs = {"max_new_tokens": n, "stop": [], "temperature": 1.0, "seed": key}
         real = await self.engine.generate(prompt_token_ids, sampling.model_copy(update=knobs))
         self.real_tokens += len(real.token_ids)
-        return await super().generate(prompt_token_ids, sampling)
+        return await self.expert.generate(prompt_token_ids, sampling)
+
+    def version(self) -> int:
+        return self.expert.version()
+
+    def stats(self) -> dict[str, Any]:
+        return {}
 
 
 def _rule_rows(n: int) -> list[dict[str, Any]]:
@@ -486,7 +474,7 @@ async def bench_modes(
     pool = await LocalToolPool.create(cfg.tools)
     out: dict[str, Any] = {}
     try:
-        warm = EpisodeRunner(cfg, [ExpertEngine(tokenizer, rows, 0.0)], tokenizer, progress=False, tool_client=pool)
+        warm = EpisodeRunner(cfg, [expert_engine(tokenizer, rows, 0.0)], tokenizer, progress=False, tool_client=pool)
         await warm.run(rows, 1)  # first calls of each tool and template warm caches: not either mode's cost
         for mode in ("async", "lockstep"):
             client = LatentClient(pool, *ROLLOUT_TOOL_S)  # same seed: same latencies per mode
@@ -779,7 +767,7 @@ def suite_rollout(cfg: Config, calls: int, console: Console) -> dict[str, Any]:
     settings = {
         "scripted": (
             f"scripted, {ROLLOUT_GEN_S * 1e3:.0f} ms/generation",
-            lambda cap: bench_modes(cfg, rows, cap, lambda tok: ExpertEngine(tok, rows, ROLLOUT_GEN_S), 32768),
+            lambda cap: bench_modes(cfg, rows, cap, lambda tok: expert_engine(tok, rows, ROLLOUT_GEN_S), 32768),
         ),
         "hf-tiny": (
             f"HF tiny-random, {ROLLOUT_REAL_TASKS} tasks, "

@@ -7,9 +7,10 @@ Tasks: `--tasks`, else `data.train`. The adapter (PEFT format) goes to `--out`, 
 `finetune.init_adapter=<that folder>`.
 
 What it does (`run_sft`):
-1. Expert trajectories (`actors.expert`): each row's `tool_sequence` played through MCPToolEnv against
-   the tool client registered in this process, or else an in-process `LocalToolPool` of the configured
-   servers with every built-in one on its offline backend (no paid API is called for a warm start).
+1. Expert trajectories (`actors.expert`): each row's `tool_sequence` played by the EpisodeRunner with
+   the scripted expert engine, through MCPToolEnv against the tool client registered in this
+   process, or else an in-process `LocalToolPool` of the configured servers with every built-in one
+   on its offline backend (no paid API is called for a warm start).
    Rows whose expert play fails are skipped and counted.
 2. `sft_warmup.steps` steps of `sft_warmup.batch_size` trajectories, drawn from the trajectories in a
    seeded (`train.seed`) shuffled order, reshuffled after every pass. Each step is one

@@ -1,6 +1,7 @@
-"""Expert trajectories (actors/expert.py) against the real MCPToolEnv and the in-process offline tool pool:
-token-exact with the runner's layout, parsed back by a fresh env to the task's calls and answer, and
-rows with broken ground truth skipped and counted."""
+"""The expert (actors/expert.py) against the real MCPToolEnv and the in-process offline tool pool:
+`ExpertEngine` answers each turn of its tasks; the expert play (the EpisodeRunner over it) gives
+trajectories token-exact with the runner's layout, training only the expert's turns, parsed back by a
+fresh env to the task's calls and answer; rows with broken ground truth are skipped and counted."""
 
 from __future__ import annotations
 
@@ -13,12 +14,13 @@ from typing import Any
 
 import pytest
 
+from actors.engine_api import EngineError, TurnDoesNotFit
 from actors.episode_runner import ChatTemplate
-from actors.expert import check_rows, expert_trajectories
+from actors.expert import ExpertEngine, check_rows, expert_trajectories
 from actors.models import load_tokenizer
 from actors.trajectory import Trajectory
 from configs.loader import load_config
-from configs.schema import Config
+from configs.schema import Config, SamplingConfig
 from envs.mcp_tool_env import MCPToolEnv, run_sync
 from envs.parsing import expert_turns
 from envs.prompting import template_tool_call
@@ -217,3 +219,69 @@ def test_rows_without_tool_sequence_are_bad_input(rows, tokenizer):
         check_rows([rows[1], row])
     with pytest.raises(ValueError, match="tool_sequence"):
         run_sync(expert_trajectories(config(), [row], tokenizer))
+
+
+def test_samples_train_only_the_expert_turns_and_solve_the_tasks(rows, tokenizer, client):
+    from jobs.sft import to_sample
+
+    tmpl = ChatTemplate(tokenizer)
+    trajs, _ = play(config(), rows, tokenizer)
+    for t, row in zip(trajs, rows, strict=True):
+        assert t.tool_stats["reward/outcome"] > 0 and t.tool_stats["task_complete"] == 1.0
+        sample = to_sample(t)
+        ids, mask = sample["response_ids"], sample["loss_mask"]
+        trained = [i for i, m in zip(ids, mask, strict=True) if m]
+        context = [i for i, m in zip(ids, mask, strict=True) if not m]
+        # What the loss sees is exactly the expert's turns, each closed; the tool results are context only.
+        said = "".join(text + tmpl.eot_text for text in expert_turns(row))
+        assert tokenizer.decode(trained, skip_special_tokens=False) == said
+        shown = tokenizer.decode(context, skip_special_tokens=False)
+        first = next(i for i, m in enumerate(t.messages) if m["role"] == "assistant")
+        for m in t.messages[first:]:
+            assert (m["content"] in shown) == (m["role"] != "assistant")
+
+
+def test_the_expert_engine_answers_each_turn_of_its_task(rows, tokenizer, client):
+    (t,), _ = play(config(), rows[:1], tokenizer)
+    prompts = [list(p) for p in as_returned(t)]  # each turn's prompt, in order
+    turns = t.generated_segments()
+    wide = SamplingConfig(max_new_tokens=4096)
+
+    engine = ExpertEngine(tokenizer, rows)  # it finds the task among all of them
+    gens = [run_sync(engine.generate(p, wide)) for p in prompts]
+    assert [g.token_ids for g in gens] == turns
+    assert all(g.finish_reason == "stop" and set(g.logprobs) == {0.0} and g.version == 0 for g in gens)
+    with pytest.raises(TurnDoesNotFit):
+        run_sync(engine.generate(prompts[0], SamplingConfig(max_new_tokens=len(turns[0]) - 1)))
+    past = prompts[-1] + turns[-1] + tokenizer.encode(engine.header, add_special_tokens=False)
+    with pytest.raises(EngineError, match="no expert turn"):
+        run_sync(engine.generate(past, wide))
+    with pytest.raises(EngineError, match="no task"):
+        run_sync(ExpertEngine(tokenizer, rows[1:]).generate(prompts[0], wide))
+
+    # As a sampling engine with the stop strings: calls end on </tool_call>, the answer on EOS, cut at the limit.
+    sampled = ExpertEngine(tokenizer, rows, closes_turns=False, logprob=-0.5, version=3)
+    first, last = (run_sync(sampled.generate(p, wide)) for p in (prompts[0], prompts[-1]))
+    eot = len(ChatTemplate(tokenizer).eot_ids)
+    assert first.token_ids == turns[0][:-eot] and (first.logprobs[0], first.version) == (-0.5, 3)
+    assert last.token_ids[:-1] == turns[-1][:-eot] and last.token_ids[-1] == tokenizer.eos_token_id
+    cut = run_sync(sampled.generate(prompts[0], SamplingConfig(max_new_tokens=3)))
+    assert (cut.token_ids, cut.finish_reason) == (turns[0][:3], "length")
+
+
+def test_rows_sharing_a_prompt_each_play_their_own_turns(rows, tokenizer, client):
+    """The engine knows a task by its prompt: rows with the same prompt play in separate rounds."""
+    twin = copy.deepcopy(rows[0])
+    gt = twin["reward_spec"]["ground_truth"]
+    gt["task_id"] = "twin"
+    gt["final_answer"]["value"] = "not the answer"
+    same = copy.deepcopy(rows[0])
+    same["reward_spec"]["ground_truth"]["task_id"] = "same"
+    tasks = [rows[0], twin, rows[1], same]
+    trajs, stats = play(config(), tasks, tokenizer)
+    assert stats["played"] == 4 and [t.group_id for t in trajs] == [0, 1, 2, 3]
+    for t, row in zip(trajs, tasks, strict=True):
+        assert t.task_id == row["reward_spec"]["ground_truth"]["task_id"]
+        assert t.messages[-1]["content"] == expert_turns(row)[-1] and t.tool_stats["reward/outcome"] > 0
+    assert trajs[1].messages[-1]["content"] == "<answer>not the answer</answer>"
+    assert trajs[0].generated_segments() == trajs[3].generated_segments()

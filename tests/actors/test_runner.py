@@ -2,15 +2,14 @@
 trajectories, both modes, failover when an engine dies, the token budget, the Serve pool, and the
 real HF engine on tiny-random.
 
-Engines here are either the real HFEngine or `ScriptedEngine`, a deterministic stand-in that
-answers each task with its expert tool calls (the canned token ids of the calls, as the
-tiny-random tokenizer encodes them): calls end on the `</tool_call>` stop string (no EOS, so the
-runner must close the turn), the final answer ends with EOS.
+Engines here are either the real HFEngine or `ScriptedEngine`, the expert engine
+(actors/expert.py) answering each task with its expert tool calls (the canned token ids of the
+calls, as the tiny-random tokenizer encodes them), with faults to inject: calls end on the
+`</tool_call>` stop string (no EOS, so the runner must close the turn), the final answer ends with EOS.
 """
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import subprocess
 import sys
@@ -21,6 +20,7 @@ import pytest
 
 from actors.engine_api import EngineError, Generation
 from actors.episode_runner import EpisodeRunner
+from actors.expert import ExpertEngine
 from actors.models import load_tokenizer
 from actors.trajectory import Trajectory
 from configs.loader import load_config
@@ -95,12 +95,11 @@ class EngineDiedError(RuntimeError):
     pass
 
 
-class ScriptedEngine:
-    """Answers turn k of a task's episode with the k-th expert action, as token ids (calls written by
-    `call_format`: ours by default, or the syntax a tools-aware template teaches).
-
-    The task is found by its user message in the decoded prompt; the turn by the number of
-    assistant headers in it. `die_after`: calls after that many raise (as a dead actor would).
+class ScriptedEngine(ExpertEngine):
+    """The expert engine as a sampling engine returns turns (calls end on the `</tool_call>` stop string,
+    the answer on EOS; logprobs -0.5, version 3), with faults to inject: `die_after` calls, later
+    ones (and those still in flight) raise as a dead actor would. `turn_log`: the turn index of each
+    request, by arrival; `returned`: what it returned, keyed by the prompt ids.
     """
 
     def __init__(
@@ -113,38 +112,26 @@ class ScriptedEngine:
         turn_log: list[int] | None = None,
         call_format: CallFormat = format_tool_call,
     ) -> None:
-        self.tok = tokenizer
-        self.scripts = [(row["prompt"][-1]["content"], expert_actions(row, call_format)) for row in rows]
-        self.delay_s = delay_s
+        super().__init__(
+            tokenizer, rows, closes_turns=False, call_format=call_format, delay_s=delay_s, logprob=-0.5, version=3
+        )
         self.die_after = die_after
-        self.calls = 0
-        self.turn_log = turn_log if turn_log is not None else []  # turn index of each request, by arrival
-        self.returned: dict[tuple[int, ...], list[list[int]]] = {}  # prompt ids -> generations
+        self.turn_log = turn_log if turn_log is not None else []
+        self.returned: dict[tuple[int, ...], list[list[int]]] = {}
+
+    def dead(self) -> bool:
+        return self.die_after is not None and self.calls > self.die_after
 
     async def generate(self, prompt_token_ids: list[int], sampling: SamplingConfig) -> Generation:
-        self.calls += 1
-        if self.die_after is not None and self.calls > self.die_after:
+        if self.die_after is not None and self.calls >= self.die_after:
+            self.calls += 1
             raise EngineDiedError("the engine actor died")
-        text = self.tok.decode(prompt_token_ids, skip_special_tokens=False)
-        turn = text.count("<|im_start|>assistant") - 1
-        self.turn_log.append(turn)
-        script = next(actions for user, actions in self.scripts if user in text)
-        action = script[min(turn, len(script) - 1)]
-        await asyncio.sleep(self.delay_s)
-        if self.die_after is not None and self.calls > self.die_after:
+        self.turn_log.append(self.locate(prompt_token_ids)[1])
+        gen = await super().generate(prompt_token_ids, sampling)
+        if self.dead():
             raise EngineDiedError("the engine actor died while generating")
-        ids = self.tok.encode(action, add_special_tokens=False)
-        if action.startswith("<answer>"):
-            ids.append(self.tok.eos_token_id)  # ended on EOS: the model closed its own turn
-        ids = ids[: sampling.max_new_tokens]
-        self.returned.setdefault(tuple(prompt_token_ids), []).append(list(ids))
-        return Generation(token_ids=ids, logprobs=[-0.5] * len(ids), finish_reason="stop", version=3)
-
-    def version(self) -> int:
-        return 3
-
-    def stats(self) -> dict[str, Any]:
-        return {"calls": self.calls}
+        self.returned.setdefault(tuple(prompt_token_ids), []).append(list(gen.token_ids))
+        return gen
 
 
 class Recording:
