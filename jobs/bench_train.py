@@ -8,6 +8,8 @@ Measured side by side in one run, on an embedded Ray (or the Ray already running
    `train_step` on a GRPO-sized batch (16 samples: ~900 prompt tokens, ~100 generated tokens, random
    token ids, logprobs and advantages). `--train-warmup` steps on 2 of the samples come first, left out;
        tokens/s = (prompt + response tokens) / median step time,   generated tokens/s = response tokens / same.
+   Beside it, stepping in turn with it, a second learner on the old path (`learner.selective_logits`
+   false: the LM head at every position): `learner_selective_speedup` = its median step time / ours.
 2. LoRA push to every engine of a RolloutGroup (2 HF engines; then 1 vLLM engine if it fits the time
    budget), the same engines and the same learner, the two paths alternating (order flipped each round):
    (a) object store:  export_adapter_ref() (learner → one object)  →  push_adapter(v, ref) (each engine
@@ -52,7 +54,7 @@ DEFAULTS: dict[str, Any] = {
     "prompt_tokens": 900,
     "gen_tokens": 100,
     "train_warmup": 2,
-    "train_steps": 1,
+    "train_steps": 3,
     "pushes": 5,
     "weight_pushes": 5,
     "engines": 2,
@@ -234,6 +236,33 @@ async def bench_learner(learner: Any, batch: list[dict[str, Any]], warmup: int, 
         "policy_loss": float(last["policy_loss"]),
         "grad_norm": float(last["grad_norm"]),
     }
+
+
+async def bench_learners(
+    learners: dict[str, Any], batch: list[dict[str, Any]], warmup: int, steps: int
+) -> dict[str, dict[str, Any]]:
+    """`bench_learner` for each learner, their timed steps interleaved (one step each per round, the order
+    flipped every round), so that the machine's load falls on all of them alike."""
+    for learner in learners.values():
+        for _ in range(warmup):
+            await learner.train_step(batch[:WARMUP_SAMPLES])
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in learners}
+    for k in range(steps):
+        for name in list(learners)[:: 1 if k % 2 == 0 else -1]:
+            runs[name].append(await bench_learner(learners[name], batch, 0, 1))
+    return {name: _merge_runs(rs) for name, rs in runs.items()}
+
+
+def _merge_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One-step `bench_learner` results as one: the steps listed, the medians over them."""
+    out = dict(runs[-1])
+    out["step_s"] = [s for r in runs for s in r["step_s"]]
+    out["steps"] = len(out["step_s"])
+    out["step_s_median"] = statistics.median(out["step_s"])
+    out["wall_s_median"] = statistics.median(r["wall_s_median"] for r in runs)
+    out["tokens_per_s"] = out["tokens_per_step"] / out["step_s_median"]
+    out["generated_tokens_per_s"] = out["generated_tokens_per_step"] / out["step_s_median"]
+    return out
 
 
 # --------------------------------------------------------------------------- 2. LoRA push, a vs b
@@ -452,13 +481,18 @@ def run_train_suite(args: argparse.Namespace | None = None) -> dict[str, Any]:
     session = contextlib.nullcontext() if ray.is_initialized() else ray_session(lora_cfg.cluster)
     lora_learner = LearnerGroup(lora_cfg)
     full_learner = LearnerGroup(bench_config(opts, "full", "hf", opts.engines))
+    # The old path for the side-by-side figure: the LM head at every position, not only the trained ones.
+    all_logits_learner = LearnerGroup(lora_cfg.model_copy(update={"learner": lora_cfg.learner.model_copy(
+        update={"selective_logits": False})}))  # fmt: skip
 
     async def parts() -> None:
         try:
-            await _run_parts(report, opts, batch, console, lora_learner, full_learner, root, t_start)
+            await _run_parts(
+                report, opts, batch, console, lora_learner, full_learner, all_logits_learner, root, t_start
+            )
         finally:
-            await lora_learner.shutdown()
-            await full_learner.shutdown()
+            for group in (lora_learner, full_learner, all_logits_learner):
+                await group.shutdown()
 
     try:
         with session:
@@ -472,7 +506,7 @@ def run_train_suite(args: argparse.Namespace | None = None) -> dict[str, Any]:
 
 async def _run_parts(
     report: dict[str, Any], opts: argparse.Namespace, batch: list[dict[str, Any]], console: Any,
-    lora_learner: Any, full_learner: Any, root: Path, t_start: float,
+    lora_learner: Any, full_learner: Any, all_logits_learner: Any, root: Path, t_start: float,
 ) -> None:  # fmt: skip
     from actors.engines import vllm_available
 
@@ -480,8 +514,14 @@ async def _run_parts(
         report["learner_setup_s"] = (await lora_learner.start())["setup_s"]
         await full_learner.start()
     steps = opts.train_warmup + opts.train_steps
-    with console.status(f"train: {steps} train_step(s) of {opts.samples} samples"):
-        report["learner"] = await bench_learner(lora_learner, batch, opts.train_warmup, opts.train_steps)
+    with console.status(f"train: {steps} train_step(s) of {opts.samples} samples, LM head selective and not"):
+        await all_logits_learner.start()
+        learners = {"learner": lora_learner, "learner_all_logits": all_logits_learner}
+        report.update(await bench_learners(learners, batch, opts.train_warmup, opts.train_steps))
+        await all_logits_learner.shutdown()
+        report["learner_selective_speedup"] = (
+            report["learner_all_logits"]["step_s_median"] / report["learner"]["step_s_median"]
+        )
     with console.status(f"train: {opts.engines} HF engine(s): LoRA pushes a/b, weight syncs"):
         report["hf"] = await bench_engines(lora_learner.cfg, lora_learner, full_learner, opts, root)
     elapsed = time.perf_counter() - t_start
@@ -512,13 +552,16 @@ def print_train(report: dict[str, Any], console: Any) -> None:
         f"1 worker; {ln['samples']} samples, {ln['tokens_per_step']} tokens/step "
         f"({ln['generated_tokens_per_step']} generated); {ln['warmup_steps']} warm-up step(s) left out"
     )
-    for col in ("steps", "step s (median)", "tokens/s", "generated tokens/s", "steps s"):
+    for col in ("LM head", "steps", "step s (median)", "tokens/s", "generated tokens/s", "steps s"):
         table.add_column(col, justify="right")
-    table.add_row(
-        str(ln["steps"]), f"{ln['step_s_median']:.1f}", f"{ln['tokens_per_s']:.0f}",
-        f"{ln['generated_tokens_per_s']:.0f}", " ".join(f"{s:.1f}" for s in ln["step_s"]),
-    )  # fmt: skip
+    for label, key in (("trained positions", "learner"), ("every position (old)", "learner_all_logits")):
+        r = report[key]
+        table.add_row(
+            label, str(r["steps"]), f"{r['step_s_median']:.1f}", f"{r['tokens_per_s']:.0f}",
+            f"{r['generated_tokens_per_s']:.0f}", " ".join(f"{s:.1f}" for s in r["step_s"]),
+        )  # fmt: skip
     console.print(table)
+    console.print(f"LM head only at trained positions: {report['learner_selective_speedup']:.2f}x the old step time")
 
     groups = [(name, report[name]) for name in ("hf", "vllm") if "lora" in report.get(name, {})]
     table = Table(title="LoRA push to every engine, medians (ms); a = object store, b = save to disk then load")

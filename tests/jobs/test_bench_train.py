@@ -81,6 +81,9 @@ def test_train_suite_reports_every_figure(ray_cluster) -> None:
     assert ln["tokens_per_s"] == pytest.approx(ln["tokens_per_step"] / ln["step_s_median"])
     assert ln["generated_tokens_per_s"] == pytest.approx(ln["generated_tokens_per_step"] / ln["step_s_median"])
     assert math.isfinite(ln["policy_loss"]) and math.isfinite(ln["grad_norm"])
+    old = report["learner_all_logits"]  # the same batch on the old path (LM head at every position)
+    assert old["tokens_per_step"] == ln["tokens_per_step"] and len(old["step_s"]) == 1
+    assert report["learner_selective_speedup"] == pytest.approx(old["step_s_median"] / ln["step_s_median"])
 
     model = load_causal_lm(ModelConfig(name="tiny-random"))
     hf = report["hf"]
