@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cluster.retry import REPLICA_RETRY_WAIT_S, RetryPolicy, retry_async
-from configs.schema import Deployment, ExternalServer, ToolsConfig
+from configs.schema import Deployment, ExternalServer, PythonToolConfig, ToolsConfig
 from mcp_servers import build_server, health_probe
 from mcp_servers.errors import UnknownTool
 from serve_apps.mcp_front import build_front, http_app
@@ -341,6 +341,10 @@ def _app_for(spec: ServerSpec, token: str | None) -> Any:
         # One line per call would drown a training run's console; Serve's metrics still count calls.
         "logging_config": {"enable_access_log": False, "log_level": "WARNING"},
     }
+    if isinstance(cfg, PythonToolConfig):
+        # The sandbox forks a process per call; gRPC's fork handlers then log a line each time (with Ray's
+        # threads inside gRPC they skip anyway). The child execs at once, so they are not needed.
+        options["ray_actor_options"]["runtime_env"] = {"env_vars": {"GRPC_ENABLE_FORK_SUPPORT": "false"}}
     if cfg.autoscaling:
         options["autoscaling_config"] = cfg.autoscaling.model_dump()
     else:
