@@ -139,6 +139,7 @@ class VLLMEngine:
             max_loras=MAX_LORAS,
             enable_prefix_caching=True,  # the default on CPU too; explicit: the GRPO group shares its prompt
             disable_log_stats=True,  # vLLM's own loggers off; _cache_counter still gets the scheduler's stats
+            use_tqdm_on_load=False,  # a merged push reloads weights every step: no progress bar on the console
         )
         self._root.mkdir(parents=True, exist_ok=True)
         try:
