@@ -250,12 +250,12 @@ async def bench_learners(
     for k in range(steps):
         for name in list(learners)[:: 1 if k % 2 == 0 else -1]:
             runs[name].append(await bench_learner(learners[name], batch, 0, 1))
-    return {name: _merge_runs(rs) for name, rs in runs.items()}
+    return {name: _merge_runs(rs, warmup) for name, rs in runs.items()}
 
 
-def _merge_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
+def _merge_runs(runs: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
     """One-step `bench_learner` results as one: the steps listed, the medians over them."""
-    out = dict(runs[-1])
+    out = dict(runs[-1], warmup_steps=warmup)
     out["step_s"] = [s for r in runs for s in r["step_s"]]
     out["steps"] = len(out["step_s"])
     out["step_s_median"] = statistics.median(out["step_s"])
@@ -482,8 +482,10 @@ def run_train_suite(args: argparse.Namespace | None = None) -> dict[str, Any]:
     lora_learner = LearnerGroup(lora_cfg)
     full_learner = LearnerGroup(bench_config(opts, "full", "hf", opts.engines))
     # The old path for the side-by-side figure: the LM head at every position, not only the trained ones.
-    all_logits_learner = LearnerGroup(lora_cfg.model_copy(update={"learner": lora_cfg.learner.model_copy(
-        update={"selective_logits": False})}))  # fmt: skip
+    all_logits_learner = LearnerGroup(lora_cfg.model_copy(update={
+        "run_name": f"{lora_cfg.run_name}-all-logits",  # its own placement group and actor names
+        "learner": lora_cfg.learner.model_copy(update={"selective_logits": False}),
+    }))  # fmt: skip
 
     async def parts() -> None:
         try:
