@@ -140,6 +140,14 @@ class VLLMEngine:
             enable_prefix_caching=True,  # the default on CPU too; explicit: the GRPO group shares its prompt
             disable_log_stats=True,  # vLLM's own loggers off; _cache_counter still gets the scheduler's stats
             use_tqdm_on_load=False,  # a merged push reloads weights every step: no progress bar on the console
+            # CPU: a request prefilled in chunks has its sampled token discarded, and vLLM then rewinds the
+            # request's seeded generator, which a CPU generator cannot do ("CPU Generator does not use
+            # offset"): the engine dies. So no chunked prefill there; a prompt waits for room instead.
+            **(
+                {"enable_chunked_prefill": False, "max_num_batched_tokens": max(self._rollout.max_model_len, 8192)}
+                if cpu
+                else {}
+            ),
         )
         self._root.mkdir(parents=True, exist_ok=True)
         try:

@@ -81,3 +81,23 @@ async def test_merged_push_serves_the_merged_model() -> None:
     assert (got - was).abs().mean() > 5 * (got - want).abs().mean()
     assert stats["weight_updates"] == 1 and stats["prefix_cache_queries"] >= len(PROMPT)
     assert 0 <= stats["prefix_cache_hits"] <= stats["prefix_cache_queries"]
+
+
+async def test_seeded_requests_beyond_one_batch_do_not_kill_the_cpu_engine() -> None:
+    """More prompt tokens in flight than one engine step takes, every request seeded: vLLM would prefill
+    some in chunks and rewind their seeded generators, which kills a CPU engine; ours waits instead."""
+    import asyncio
+
+    from actors.vllm_engine import VLLMEngine
+
+    engine = VLLMEngine(merged_config("adapter"))
+    await engine.start()
+    try:
+        prompts = [[100 + (i * 37 + j) % 40_000 for j in range(300)] for i in range(40)]  # 12,000 tokens
+        outs = await asyncio.gather(
+            *(engine.generate(p, SamplingConfig(temperature=1.0, max_new_tokens=4, stop=[], seed=i))
+              for i, p in enumerate(prompts))
+        )  # fmt: skip
+        assert all(len(o.token_ids) == 4 for o in outs)
+    finally:
+        await engine.shutdown()
