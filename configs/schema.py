@@ -570,9 +570,17 @@ class LearnerConfig(Strict):
         description="Run the LM head only where the loss mask is 1 (generated tokens), not at every prompt and "
         "observation position; false: the whole sequence (the old path, kept for comparison).",
     )
-    reference: Literal["fixed", "periodic", "ema"] = Field("fixed", description="How the KL reference moves.")
-    reference_every: int = Field(0, ge=0, description="periodic: copy the policy into the reference every N steps.")
-    reference_ema: float = Field(0.99, gt=0, lt=1, description="ema: ref = a*ref + (1-a)*policy each step.")
+    reference: Literal["fixed", "periodic", "ema"] = Field(
+        "fixed",
+        description="How the KL reference moves: fixed (the base, or the warm-started policy); periodic (a copy of "
+        "the policy every `reference_every` GRPO steps); ema (the policy blended in every `reference_every` steps).",
+    )
+    reference_every: int = Field(
+        100, ge=0, description="periodic / ema: N, the GRPO steps between reference updates (>= 1 for both)."
+    )
+    reference_ema: float = Field(
+        0.99, gt=0, lt=1, description="ema: a in ref = a*ref + (1-a)*policy, applied every `reference_every` steps."
+    )
     reference_cpu_offload: bool = Field(False, description="full mode: keep the frozen reference on CPU.")
     optim: OptimConfig = Field(default_factory=OptimConfig)
     max_restarts: int = Field(
@@ -588,6 +596,15 @@ class LearnerConfig(Strict):
         return _read_flat_resources(
             data, "worker_resources", {"num_cpus_per_worker": "num_cpus", "num_gpus_per_worker": "num_gpus"}
         )
+
+    @model_validator(mode="after")
+    def _reference_period(self) -> LearnerConfig:
+        if self.reference != "fixed" and self.reference_every < 1:
+            raise ValueError(
+                f"learner.reference_every must be >= 1 with learner.reference {self.reference!r} (the reference is "
+                f"updated every N GRPO steps), got {self.reference_every}"
+            )
+        return self
 
 
 class DataConfig(Strict):
