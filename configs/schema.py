@@ -607,6 +607,45 @@ class LearnerConfig(Strict):
         return self
 
 
+FindingName = Literal["zero_variance", "ratio_degenerate", "logprob_gap", "kl_blowup", "grad_norm"]
+
+
+class HealthConfig(Strict):
+    """Training-health checks after every GRPO step (grpo/health.py; the same names): each finding is logged
+    and listed in the report. A finding named in `stop_on` that holds at `patience` consecutive steps ends the
+    run: the driver checkpoints, writes the report and exits with status 3 (jobs.train.HEALTH_STOP_EXIT; a crash
+    is 1), printing the finding, its values and the command that resumes the run."""
+
+    logprob_gap_limit: float = Field(
+        0.5, gt=0, description="logprob_gap: fires when the learner's and the engine's logprobs differ by more."
+    )
+    kl_limit: float = Field(1.0, gt=0, description="kl_blowup: fires when the KL to the reference exceeds this,")
+    kl_growth: float = Field(10.0, gt=1, description="kl_blowup: or grows by this factor within 3 steps,")
+    kl_floor: float = Field(
+        1e-3, gt=0, description="kl_blowup: growth is measured from at least this KL (it starts at 0)."
+    )
+    ratio_std_eps: float = Field(
+        1e-7, ge=0, description="ratio_degenerate: fires when the ratio's std after the first minibatch is <= this."
+    )
+    stop_on: list[FindingName] = Field(
+        default_factory=list,
+        description="The findings that end the run: zero_variance, ratio_degenerate, logprob_gap, kl_blowup, "
+        "grad_norm. [] = none (they are only reported).",
+    )
+    patience: int = Field(3, ge=1, description="K: consecutive steps a stop_on finding must hold to end the run.")
+    patience_per_finding: dict[FindingName, int] = Field(
+        default_factory=dict, description="K for one finding, overriding `patience`, e.g. {kl_blowup: 1}."
+    )
+
+    @field_validator("patience_per_finding")
+    @classmethod
+    def _at_least_one(cls, value: dict[str, int]) -> dict[str, int]:
+        for name, k in value.items():
+            if k < 1:
+                raise ValueError(f"patience of {name} must be >= 1 (consecutive steps), got {k}")
+        return value
+
+
 class DataConfig(Strict):
     train: str = Field("data/train.jsonl", description="Task rows for training (.jsonl/.json/.parquet).")
     validation: str = Field("", description="Held-out task rows for evaluation; empty = none.")
@@ -700,6 +739,7 @@ class Config(Strict):
     finetune: FinetuneConfig = Field(default_factory=FinetuneConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
+    health: HealthConfig = Field(default_factory=HealthConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     sft_warmup: SftConfig = Field(default_factory=SftConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
