@@ -673,6 +673,12 @@ class TrainConfig(Strict):
     eval_every: int = Field(0, ge=0, description="Evaluate on the validation split every N steps; 0 = start/end only.")
     eval_tasks: int = Field(32, ge=1, description="Validation tasks played (greedy) per evaluation.")
     checkpoint_every: int = Field(0, ge=0, description="Checkpoint every N steps (and at the end); 0 = end only.")
+    keep_checkpoints: int = Field(
+        0,
+        ge=0,
+        description="K: keep the newest K checkpoints, the best by evaluation success (the evaluations every "
+        "eval_every steps) and the one the run resumed from; delete the others. 0 = keep all.",
+    )
     storage: str = Field(
         "runs",
         description="Where runs are kept, <storage>/<run_name>/: a folder (every node must see it: one node, or a "
