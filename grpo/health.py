@@ -54,14 +54,14 @@ class HealthStop:
 
     def describe(self) -> str:
         """One line: the finding, the steps, and its values at each, e.g.
-        `zero_variance held for 2 consecutive steps (1-2): zero_variance_frac=1 at step 1, 1 at step 2`."""
+        `zero_variance held for 2 consecutive steps (steps 1-2): zero_variance_frac=1 at step 1, 1 at step 2`."""
         first, last = self.held[0][0], self.held[-1][0]
         keys = list(self.held[-1][1].values)
         values = "; ".join(
             f"{k}=" + ", ".join(f"{f.values.get(k, math.nan):g} at step {s}" for s, f in self.held) for k in keys
         )
         steps = f"step {last}" if first == last else f"steps {first}-{last}"
-        return f"{self.name} held for {self.patience} consecutive check(s) ({steps}): {values}"
+        return f"{self.name} held for {self.patience} consecutive step{'s' * (self.patience > 1)} ({steps}): {values}"
 
 
 class HealthMonitor:

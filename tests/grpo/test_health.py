@@ -106,7 +106,7 @@ def test_a_stop_on_finding_is_due_after_k_consecutive_checks() -> None:
     assert stop is not None and stop.name == "ratio_degenerate" and stop.patience == 3
     assert [s for s, _ in stop.held] == [4, 5, 6]
     assert stop.describe() == (
-        "ratio_degenerate held for 3 consecutive check(s) (steps 4-6): "
+        "ratio_degenerate held for 3 consecutive steps (steps 4-6): "
         "ratio_std_after_first=0 at step 4, 0 at step 5, 0 at step 6"
     )
     monitor.check(7, {})  # an absent metric does not hold either
