@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from configs.loader import load_config
+from jobs.preflight import plan_lines
 from jobs.train import HEALTH_STOP_EXIT
 from tests.jobs.test_train import history, train
 
@@ -44,3 +46,15 @@ def test_a_stop_on_finding_ends_the_run_with_a_checkpoint_and_the_resume_command
     summary = (run / "report" / "summary.md").read_text()
     assert "step 2: run stopped by health.stop_on: zero_variance held for 2 consecutive steps" in summary
     assert "step 1: [zero_variance] zero_variance_frac=1" in summary
+
+
+def test_the_plan_names_the_stop_rule_and_the_retention() -> None:
+    overrides = ["health.stop_on=[kl_blowup, grad_norm]", "health.patience=4", "train.keep_checkpoints=2"]
+    lines = plan_lines(load_config(None, [*overrides, "train.checkpoint_every=5"]))
+    assert "health: stops on kl_blowup, grad_norm after 4 consecutive steps" in lines
+    assert any(
+        line.startswith("checkpoints: every 5 steps and at the end, keeping the newest 2 and the best by evaluation")
+        for line in lines
+    ), lines
+    plain = plan_lines(load_config(None, []))
+    assert not any(line.startswith("health:") or "keeping" in line for line in plain), plain
