@@ -13,8 +13,9 @@ One GRPO iteration (`train_step`) on this rank's share of the batch:
    where N_minibatch is the minibatch's masked token (or sequence) count summed over all ranks, so the
    micro-batch losses of all ranks add up to the minibatch mean. The gradient norm is clipped to
    `learner.optim.grad_clip`, then one optimizer and one scheduler step.
-3. The reference moves per `learner.reference`: fixed; periodic (copied from the policy every
-   `reference_every` iterations); ema (ref ← a·ref + (1−a)·policy after each iteration).
+3. The reference moves per `learner.reference`, every `reference_every` iterations (N): fixed; periodic
+   (ref ← policy); ema (ref ← a·ref + (1−a)·policy). The iteration counter that times it is checkpointed
+   with the reference, so a resumed run updates it at the same iterations as an unbroken one.
 
 Collectives: every rank runs the same number of forwards and backwards (the largest micro-batch count
 of any rank; the others run empty micro-batches with a zero mask), or the sharded model's gathers hang.
@@ -626,11 +627,12 @@ class Learner:
         return logp, ent
 
     def _refresh_reference(self) -> None:
-        """periodic: ref ← policy every `reference_every` iterations; ema: ref ← a·ref + (1−a)·policy."""
+        """Every `reference_every` iterations (the config insists on >= 1): periodic: ref ← policy; ema:
+        ref ← a·ref + (1−a)·policy."""
         ln = self.cfg.learner
         if self.ref_kind not in ("adapter", "model", "offloaded_model") or ln.reference == "fixed":
             return
-        if ln.reference == "periodic" and (ln.reference_every == 0 or self.iteration % ln.reference_every):
+        if self.iteration % ln.reference_every:
             return
         self._blend_reference(1.0 if ln.reference == "periodic" else 1.0 - ln.reference_ema)
 

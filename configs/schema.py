@@ -570,9 +570,17 @@ class LearnerConfig(Strict):
         description="Run the LM head only where the loss mask is 1 (generated tokens), not at every prompt and "
         "observation position; false: the whole sequence (the old path, kept for comparison).",
     )
-    reference: Literal["fixed", "periodic", "ema"] = Field("fixed", description="How the KL reference moves.")
-    reference_every: int = Field(0, ge=0, description="periodic: copy the policy into the reference every N steps.")
-    reference_ema: float = Field(0.99, gt=0, lt=1, description="ema: ref = a*ref + (1-a)*policy each step.")
+    reference: Literal["fixed", "periodic", "ema"] = Field(
+        "fixed",
+        description="How the KL reference moves: fixed (the base, or the warm-started policy); periodic (a copy of "
+        "the policy every `reference_every` GRPO steps); ema (the policy blended in every `reference_every` steps).",
+    )
+    reference_every: int = Field(
+        100, ge=0, description="periodic / ema: N, the GRPO steps between reference updates (>= 1 for both)."
+    )
+    reference_ema: float = Field(
+        0.99, gt=0, lt=1, description="ema: a in ref = a*ref + (1-a)*policy, applied every `reference_every` steps."
+    )
     reference_cpu_offload: bool = Field(False, description="full mode: keep the frozen reference on CPU.")
     optim: OptimConfig = Field(default_factory=OptimConfig)
     max_restarts: int = Field(
@@ -588,6 +596,54 @@ class LearnerConfig(Strict):
         return _read_flat_resources(
             data, "worker_resources", {"num_cpus_per_worker": "num_cpus", "num_gpus_per_worker": "num_gpus"}
         )
+
+    @model_validator(mode="after")
+    def _reference_period(self) -> LearnerConfig:
+        if self.reference != "fixed" and self.reference_every < 1:
+            raise ValueError(
+                f"learner.reference_every must be >= 1 with learner.reference {self.reference!r} (the reference is "
+                f"updated every N GRPO steps), got {self.reference_every}"
+            )
+        return self
+
+
+FindingName = Literal["zero_variance", "ratio_degenerate", "logprob_gap", "kl_blowup", "grad_norm"]
+
+
+class HealthConfig(Strict):
+    """Training-health checks after every GRPO step (grpo/health.py; the same names): each finding is logged
+    and listed in the report. A finding named in `stop_on` that holds at `patience` consecutive steps ends the
+    run: the driver checkpoints, writes the report and exits with status 3 (jobs.train.HEALTH_STOP_EXIT; a crash
+    is 1), printing the finding, its values and the command that resumes the run."""
+
+    logprob_gap_limit: float = Field(
+        0.5, gt=0, description="logprob_gap: fires when the learner's and the engine's logprobs differ by more."
+    )
+    kl_limit: float = Field(1.0, gt=0, description="kl_blowup: fires when the KL to the reference exceeds this,")
+    kl_growth: float = Field(10.0, gt=1, description="kl_blowup: or grows by this factor within 3 steps,")
+    kl_floor: float = Field(
+        1e-3, gt=0, description="kl_blowup: growth is measured from at least this KL (it starts at 0)."
+    )
+    ratio_std_eps: float = Field(
+        1e-7, ge=0, description="ratio_degenerate: fires when the ratio's std after the first minibatch is <= this."
+    )
+    stop_on: list[FindingName] = Field(
+        default_factory=list,
+        description="The findings that end the run: zero_variance, ratio_degenerate, logprob_gap, kl_blowup, "
+        "grad_norm. [] = none (they are only reported).",
+    )
+    patience: int = Field(3, ge=1, description="K: consecutive steps a stop_on finding must hold to end the run.")
+    patience_per_finding: dict[FindingName, int] = Field(
+        default_factory=dict, description="K for one finding, overriding `patience`, e.g. {kl_blowup: 1}."
+    )
+
+    @field_validator("patience_per_finding")
+    @classmethod
+    def _at_least_one(cls, value: dict[str, int]) -> dict[str, int]:
+        for name, k in value.items():
+            if k < 1:
+                raise ValueError(f"patience of {name} must be >= 1 (consecutive steps), got {k}")
+        return value
 
 
 class DataConfig(Strict):
@@ -617,6 +673,12 @@ class TrainConfig(Strict):
     eval_every: int = Field(0, ge=0, description="Evaluate on the validation split every N steps; 0 = start/end only.")
     eval_tasks: int = Field(32, ge=1, description="Validation tasks played (greedy) per evaluation.")
     checkpoint_every: int = Field(0, ge=0, description="Checkpoint every N steps (and at the end); 0 = end only.")
+    keep_checkpoints: int = Field(
+        0,
+        ge=0,
+        description="K: keep the newest K checkpoints, the best by evaluation success (the evaluations every "
+        "eval_every steps) and the one the run resumed from; delete the others. 0 = keep all.",
+    )
     storage: str = Field(
         "runs",
         description="Where runs are kept, <storage>/<run_name>/: a folder (every node must see it: one node, or a "
@@ -683,6 +745,7 @@ class Config(Strict):
     finetune: FinetuneConfig = Field(default_factory=FinetuneConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
+    health: HealthConfig = Field(default_factory=HealthConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     sft_warmup: SftConfig = Field(default_factory=SftConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)

@@ -423,5 +423,12 @@ def plan_lines(cfg: Config) -> list[str]:
     ck = f"every {t.checkpoint_every} steps and at the end" if t.checkpoint_every else "at the end"
     from cluster import storage
 
+    if t.keep_checkpoints:
+        ck += f", keeping the newest {t.keep_checkpoints} and the best by evaluation"
     lines.append(f"checkpoints: {ck}, under {storage.join(storage.resolve(t.storage), cfg.run_name)}")
+    if cfg.health.stop_on:
+        lines.append(
+            f"health: stops on {', '.join(cfg.health.stop_on)} after {cfg.health.patience} consecutive steps"
+            + (f" (per finding: {cfg.health.patience_per_finding})" if cfg.health.patience_per_finding else "")
+        )
     return [line for line in lines if line]

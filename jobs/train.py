@@ -25,6 +25,17 @@ learner's state, the step, the policy version and the evaluations so far; batche
 A learner worker that dies fails its step: the driver rebuilds the learner group from the newest
 checkpoint and runs the steps after it again (at most `learner.max_restarts` times); with no checkpoint
 yet, or the tries spent, it stops (exit 1) and prints the command that resumes the run.
+
+Health (grpo/health.py, the `health` section): every step's findings are logged and reported. One named in
+`health.stop_on` that holds at `health.patience` consecutive steps ends the run: a checkpoint, the final
+evaluation and the report, then exit status 3 (HEALTH_STOP_EXIT) with the finding, its values and the
+resume command. A resumed run counts the consecutive steps afresh.
+
+`train.keep_checkpoints` K > 0: after each checkpoint only the newest K, the best by the evaluations every
+`train.eval_every` steps and the one the run resumed from are kept (jobs/checkpoints.py).
+
+Exit status: 0 done; 1 stopped by a fault (the message has the resume command); 2 bad invocation or config;
+3 stopped by `health.stop_on`; 143 stopped by SIGTERM (`ray job stop`).
 """
 
 from __future__ import annotations
@@ -44,12 +55,14 @@ from typing import Any
 
 from cluster import storage
 from configs.schema import Config, SamplingConfig
+from jobs.checkpoints import latest_checkpoint, prune_checkpoints
 from jobs.cli import base_parser, setup, usage_error
 
 log = logging.getLogger("mcprl.train")
 
 STAGES = ("base", "after warm start", "after GRPO")
 RESUME_HINT = "Resume the run from its newest checkpoint with:\n  "
+HEALTH_STOP_EXIT = 3  # a run ended by health.stop_on (a crash exits 1)
 
 
 # What the learners write into storage themselves; the driver's mirror leaves them be.
@@ -68,17 +81,6 @@ def driver_folder(run: str) -> Path:
     from actors.models import default_cache_dir
 
     return default_cache_dir() / "runs" / f"{storage.name(run)}-{hashlib.sha1(run.encode()).hexdigest()[:12]}"
-
-
-def latest_checkpoint(run: str) -> str | None:
-    """The newest complete checkpoint of `run`: step_N with its meta.json, which is written last."""
-    folder = storage.join(run, "checkpoints")
-    names = storage.list_names(folder)
-    for step in sorted((int(n[5:]) for n in names if n.startswith("step_") and n[5:].isdigit()), reverse=True):
-        ckpt = storage.join(folder, f"step_{step}")
-        if storage.exists(storage.join(ckpt, "meta.json")):
-            return ckpt
-    return None
 
 
 def resume_command(config: str | None, overrides: list[str]) -> str:
@@ -133,6 +135,9 @@ class Driver:
         self.step = 0
         self.evals: dict[str, dict[str, Any]] = {}
         self.health: list[str] = []
+        self.health_stop: Any = None  # grpo.health.HealthStop that ended the run
+        self.step_success: dict[int, float] = {}  # success rate of the evaluations every eval_every steps
+        self.protected: set[int] = set()  # checkpoints retention must keep: the ones resumed from
         self.cache_counts: dict[str, tuple[int, int]] = {}  # the engines' prefix-cache counters at the last step
         self.pool: Any = None
         self.rollout: Any = None
@@ -186,7 +191,7 @@ class Driver:
         else:
             self.tracker = Tracker(cfg, self.run_dir)
         (self.run_dir / "config.json").write_text(json.dumps(cfg.model_dump(mode="json"), indent=2))
-        self.monitor = HealthMonitor()
+        self.monitor = HealthMonitor(**cfg.health.model_dump())
         self.sampler = TaskSampler(self.pf.train_rows, cfg.train.tasks_per_step, cfg.train.seed)
 
         print("deploying the MCP tool pool on Ray Serve", flush=True)
@@ -218,6 +223,8 @@ class Driver:
         extra = await self.learner.load_checkpoint(ckpt)
         self.step, self.version = int(extra["step"]), int(extra["version"])
         self.evals = dict(extra.get("evals", {}))
+        self._restore_step_success(extra)
+        self.protected.add(self.step)
         print(f"resumed from {ckpt} at step {self.step} (policy v{self.version})", flush=True)
         if self.version > 0:
             await self._push(self.version)
@@ -250,11 +257,13 @@ class Driver:
             findings = self.monitor.check(step + 1, {k.split("/", 1)[-1]: v for k, v in metrics.items()})
             for f in findings:
                 log.warning("health: %s", f)
-                self.health.append(f"step {step + 1}: {f}")
+                self.health.append(f"step {step + 1}: [{f.name}] {f}")
             self.step = step + 1
             if cfg.data.validation and cfg.train.eval_every and self.step % cfg.train.eval_every == 0:
                 if self.step < cfg.train.steps:
-                    metrics.update({f"eval/{k}": v for k, v in (await self._eval_metrics()).items()})
+                    result = await self._eval_metrics()
+                    self.step_success[self.step] = float(result["success_rate"])
+                    metrics.update({f"eval/{k}": v for k, v in result.items()})
             self.tracker.log(self.step, metrics)
             if cfg.logging.sample_trajectories:
                 from actors.rollout_metrics import sample_rows
@@ -268,6 +277,11 @@ class Driver:
                 except LearnerDied as e:
                     await self._rebuild_learner(e, pending)
                     pending = None
+            self.health_stop = self.monitor.due()
+            if self.health_stop is not None:  # _finish checkpoints and reports; main() exits HEALTH_STOP_EXIT
+                log.warning("health.stop_on: %s; ending the run", self.health_stop.describe())
+                self.health.append(f"step {self.step}: run stopped by health.stop_on: {self.health_stop.describe()}")
+                break
         if pending is not None:
             pending.cancel()
 
@@ -294,7 +308,11 @@ class Driver:
             self.tracker.finish()  # W&B's files are complete only now
         await asyncio.to_thread(self.mirror.push)
         report_at = storage.join(self.location, storage.name(str(report))) if not self.mirror.in_place else str(report)
-        return {"report": report_at, "evals": self.evals, "wall_time_s": wall, "adapter": adapter}
+        result = {"report": report_at, "evals": self.evals, "wall_time_s": wall, "adapter": adapter}
+        if self.health_stop is not None:
+            result["health_stop"] = self.health_stop.describe()
+            result["checkpoint"] = latest_checkpoint(self.location)
+        return result
 
     # ------------------------------------------------------------------ shutdown
 
@@ -346,6 +364,8 @@ class Driver:
             await self.learner.restart()
             extra = await self.learner.load_checkpoint(ckpt)
             self.step, self.evals = int(extra["step"]), dict(extra.get("evals", {}))
+            self._restore_step_success(extra)
+            self.protected.add(self.step)
             # Engines serve only newer versions: the checkpoint's policy comes back under a new one.
             self.version += 1
             await self._push(self.version)
@@ -526,10 +546,19 @@ class Driver:
 
     async def _checkpoint(self) -> None:
         folder = storage.join(self.location, "checkpoints", f"step_{self.step}")
-        extra = {"step": self.step, "version": self.version, "evals": self.evals}
+        success = {str(s): v for s, v in self.step_success.items()}  # JSON: keys are strings
+        extra = {"step": self.step, "version": self.version, "evals": self.evals, "step_success": success}
         await self.learner.save_checkpoint(folder, extra)
         await asyncio.to_thread(self.mirror.push)  # the metrics that go with it
         log.info("checkpoint: %s", folder)
+        keep = self.cfg.train.keep_checkpoints
+        if keep:  # only after the new one is whole: it is the newest, which is never deleted
+            await asyncio.to_thread(prune_checkpoints, self.location, keep, self.step_success, self.protected)
+
+    def _restore_step_success(self, extra: dict[str, Any]) -> None:
+        """The periodic evaluations' success rates up to the checkpoint's step (retention's "best")."""
+        saved = {int(s): float(v) for s, v in extra.get("step_success", {}).items()}
+        self.step_success = {s: v for s, v in saved.items() if s <= self.step}
 
 
 # --------------------------------------------------------------------------- CLI
@@ -603,6 +632,15 @@ def main(argv: list[str] | None = None) -> None:
         except asyncio.CancelledError:
             print(f"stopped by SIGTERM. {RESUME_HINT}{resume_cmd}", file=sys.stderr, flush=True)
             sys.exit(143)
+    if "health_stop" in result:
+        print(
+            f"error: the run was stopped by health.stop_on: {result['health_stop']}. Its checkpoint: "
+            f"{result['checkpoint']}; report: {result['report']}. Fix the cause (or change health.stop_on). "
+            f"{RESUME_HINT}{resume_cmd}",
+            file=sys.stderr,
+            flush=True,
+        )
+        sys.exit(HEALTH_STOP_EXIT)
     stages = ", ".join(f"{stage} {e['success_rate']:.1%}" for stage, e in result["evals"].items())
     if stages:
         print(f"success rate on held-out tasks: {stages}")

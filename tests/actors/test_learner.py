@@ -367,6 +367,7 @@ def test_checkpoint_round_trip_is_exact(mode: str, tmp_path: Path) -> None:
         cfg.algorithm.kl_coef = 0.05
         cfg.learner.reference = "ema"  # a moving reference: its state is checkpointed too
         cfg.learner.reference_ema = 0.5
+        cfg.learner.reference_every = 1  # it moves after every step (tests/actors/test_reference.py: every N)
         cfg.learner.optim.schedule = "cosine"
         cfg.train.steps = 4
         learner = Learner(cfg)

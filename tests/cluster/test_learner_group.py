@@ -121,6 +121,7 @@ async def test_group_checkpoint_resumes_exactly_and_reshards(ray_cluster, tmp_pa
     cfg = make_cfg("lora", lr=3e-3)
     cfg.algorithm.kl_coef = 0.1
     cfg.learner.reference = "ema"  # the reference adapter is saved and restored too
+    cfg.learner.reference_every = 1  # and it moves after every step
     batch = fixed_batch()
     group = LearnerGroup(cfg)
     try:
