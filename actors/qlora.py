@@ -10,7 +10,8 @@ LoRA adapter on top, for one small GPU. The learner treats it as LoRA in every o
 - Weight pushes: `adapter` sends the adapter; the engines apply it over the unquantized base, so the
   learner/engine logprob gap also holds the quantization error (truncated IS corrects it). `merged` sends
   the dequantized 4-bit base with the adapter merged in (`W_nf4 + scaling·B@A`, in `model.dtype`): the
-  engines then run exactly the policy the learner trains, rounded to `model.dtype`.
+  engines then run exactly the policy the learner trains, rounded to `model.dtype`. Measured on SmolLM2-135M
+  (bf16, r=16, 40 tokens of random sequences): mean |learner − engine| logprob 1.14 by adapter, 0.09 merged.
 """
 
 from __future__ import annotations
