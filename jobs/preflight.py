@@ -408,7 +408,7 @@ def plan_lines(cfg: Config) -> list[str]:
     episodes = t.tasks_per_step * t.group_size
     lines = [
         f"fine-tune: {cfg.finetune.mode}"
-        + (f" (r={cfg.finetune.lora.r}, alpha={cfg.finetune.lora.alpha})" if cfg.finetune.mode == "lora" else ""),
+        + (f" (r={cfg.finetune.lora.r}, alpha={cfg.finetune.lora.alpha})" if cfg.finetune.trains_adapter else ""),
         f"rollout backend: {choose_backend(cfg)} ({cfg.rollout.engines} engines, {cfg.rollout.runners} runners, "
         f"{cfg.rollout.mode}{', overlapped with training' if cfg.rollout.overlap else ''})",
         f"learner: {cfg.learner.workers} × {cfg.learner.backend} worker(s), {cfg.learner.dtype}",

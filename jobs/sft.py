@@ -21,7 +21,7 @@ What it does (`run_sft`):
 3. `Learner.save_adapter(out_dir)`, and `sft_summary.json` beside it.
 
 Exit status: 0 trained; 2 bad input (config, missing task file, rows without tool_sequence, no row
-playable, finetune.mode not lora).
+playable, finetune.mode neither lora nor qlora).
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ def warm_start_samples(cfg: Config, rows: list[dict]) -> tuple[list[dict[str, An
     from actors.expert import check_rows
     from actors.models import load_tokenizer
 
-    if cfg.finetune.mode != "lora":
+    if not cfg.finetune.trains_adapter:
         raise SftInputError(f"the warm start trains a LoRA adapter; finetune.mode is {cfg.finetune.mode!r}")
     try:
         check_rows(rows)

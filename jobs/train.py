@@ -158,7 +158,7 @@ class Driver:
             await self._resume(ckpt)
         else:
             await self._evaluate("base")
-            if self.cfg.sft_warmup.enabled and self.cfg.finetune.mode == "lora":
+            if self.cfg.sft_warmup.enabled and self.cfg.finetune.trains_adapter:
                 await self._warm_start()
         await self._grpo_loop()
         return await self._finish(t_start)
@@ -294,7 +294,7 @@ class Driver:
             await self._checkpoint()
         await self._evaluate("after GRPO" if cfg.sft_warmup.enabled else "final")
         adapter = None
-        if cfg.finetune.mode == "lora":
+        if cfg.finetune.trains_adapter:
             stored = storage.join(self.location, "final_adapter")
             await self.learner.save_adapter(stored)
             adapter = await asyncio.to_thread(storage.fetch, stored)  # the report and W&B read it here

@@ -135,6 +135,9 @@ def test_weight_push_auto_is_merged_only_for_vllm_on_cpu() -> None:
     assert resolve(rollout__backend="hf") == "adapter"
     assert resolve(rollout__backend="hf", rollout__weight_push="merged") == "merged"
     assert resolve(rollout__backend="vllm", rollout__weight_push="adapter") == "adapter"
+    # qlora pushes as lora does (merged: the dequantized 4-bit base with the adapter in)
+    assert resolve(finetune__mode="qlora", rollout__backend="vllm") == "merged"
+    assert resolve(finetune__mode="qlora", rollout__backend="hf") == "adapter"
     gpu = Config()
     gpu.rollout.backend = "vllm"
     gpu.rollout.engine_resources.num_gpus = 1

@@ -195,11 +195,17 @@ def test_a_bad_task_file_stops_before_anything_starts(tmp_path: Path) -> None:
 
 
 def test_overlap_generates_the_next_step_while_this_one_trains(tmp_path: Path, unbroken: Path) -> None:
-    """Also rollout.weight_push=merged: each step's LoRA policy reaches the engine as merged weights."""
+    """Also rollout.weight_push=merged, with finetune.mode=qlora (a run of its own would cost ~2 min): each
+    step's policy, the adapter over the 4-bit base, reaches the engine as dequantized merged weights."""
     data = unbroken.parent.parent / "data"
-    overrides = ("rollout.overlap=true", "sft_warmup.enabled=false", "rollout.weight_push=merged")
+    overrides = (
+        "rollout.overlap=true",
+        "sft_warmup.enabled=false",
+        "rollout.weight_push=merged",
+        "finetune.mode=qlora",
+    )
     proc = train(tmp_path, "--run", *(x for o in overrides for x in ("--set", o)), data=data)
-    assert "policy push: merged" in proc.stdout
+    assert "policy push: merged" in proc.stdout and "fine-tune: qlora (r=4, alpha=8)" in proc.stdout
     assert "policy push: adapter" in (unbroken.parents[1] / "stdout.txt").read_text()  # ci-tiny's HF engine: auto
     run_dir = tmp_path / "runs" / "ci-tiny"
     for step in (1, 2):
