@@ -30,11 +30,14 @@ def choose_backend(cfg: Config) -> str:
 def weight_push(cfg: Config) -> str:
     """What the learner pushes to the engines: "full" (finetune.mode full: the weights), "adapter" or
     "merged" (LoRA: `rollout.weight_push`; auto is merged for vLLM engines on CPU, where generating
-    through a LoRA adapter is ~9x slower than through plain weights, and adapter elsewhere)."""
+    through a LoRA adapter is ~9x slower than through plain weights, and adapter elsewhere; QLoRA's auto
+    is always merged: an adapter applied over the unquantized base is not the policy the learner trains)."""
     if not cfg.finetune.trains_adapter:
         return "full"
     if cfg.rollout.weight_push != "auto":
         return cfg.rollout.weight_push
+    if cfg.finetune.mode == "qlora":
+        return "merged"
     on_cpu = cfg.rollout.engine_resources.num_gpus == 0
     return "merged" if on_cpu and choose_backend(cfg) == "vllm" else "adapter"
 

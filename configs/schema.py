@@ -519,8 +519,8 @@ class RolloutConfig(Strict):
         "(W + scaling * B @ A under the base model's names, a full-weight reload; engines run without LoRA). "
         "auto: merged when the engines are vLLM on CPU (vLLM-cpu generates ~9x slower through a LoRA adapter), "
         "adapter otherwise (LoRA kernels are fast on GPU; the HF engine applies adapters per batch). qlora: merged "
-        "sends the dequantized 4-bit base with the adapter (the policy the learner trains); adapter is applied over "
-        "the unquantized base.",
+        "sends the dequantized 4-bit base with the adapter (the policy the learner trains), and auto is merged on any "
+        "engine; adapter is applied over the unquantized base (a learner/engine logprob gap of ~1 nat on SmolLM2).",
     )
 
     @model_validator(mode="before")

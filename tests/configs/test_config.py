@@ -135,9 +135,11 @@ def test_weight_push_auto_is_merged_only_for_vllm_on_cpu() -> None:
     assert resolve(rollout__backend="hf") == "adapter"
     assert resolve(rollout__backend="hf", rollout__weight_push="merged") == "merged"
     assert resolve(rollout__backend="vllm", rollout__weight_push="adapter") == "adapter"
-    # qlora pushes as lora does (merged: the dequantized 4-bit base with the adapter in)
+    # qlora: merged (the dequantized 4-bit base with the adapter in) whatever the engine; the adapter over the
+    # unquantized base drifts from the learner's policy (mean logprob gap 1.14 vs 0.09 on SmolLM2-135M)
     assert resolve(finetune__mode="qlora", rollout__backend="vllm") == "merged"
-    assert resolve(finetune__mode="qlora", rollout__backend="hf") == "adapter"
+    assert resolve(finetune__mode="qlora", rollout__backend="hf") == "merged"
+    assert resolve(finetune__mode="qlora", rollout__backend="hf", rollout__weight_push="adapter") == "adapter"
     gpu = Config()
     gpu.rollout.backend = "vllm"
     gpu.rollout.engine_resources.num_gpus = 1
