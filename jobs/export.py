@@ -280,6 +280,7 @@ def _copy_model(src: Path, dest: Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     import argparse
 
+    from actors.models import ModelNotFoundError
     from jobs.cli import usage_error
 
     p = argparse.ArgumentParser(prog="python -m jobs.export", description=__doc__.splitlines()[0])
@@ -303,6 +304,9 @@ def main(argv: list[str] | None = None) -> None:
         )
     except (ExportError, storage.StorageError) as e:
         usage_error(str(e))
+    except ModelNotFoundError as e:  # the run's base model is not on this machine
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
     except FileNotFoundError as e:  # a run folder with a broken adapter
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)

@@ -138,9 +138,9 @@ def test_clear_errors(runs: dict, tmp_path: Path) -> None:
     full, _ = runs["full"]
     with pytest.raises(ExportError, match="no such run: 'nope'"):
         export("nope", storage_root=str(tmp_path))
-    with pytest.raises(ExportError, match="--merge: run .* is a full fine-tune"):
+    with pytest.raises(ExportError, match=r"--merge: run .* is a full fine-tune"):
         export(str(full), str(tmp_path / "x"), merge=True)
-    with pytest.raises(ExportError, match="no complete checkpoint 'step_9' .*checkpoints: step_2"):
+    with pytest.raises(ExportError, match=r"no complete checkpoint 'step_9' .*checkpoints: step_2"):
         export(str(lora), str(tmp_path / "x"), checkpoint="step_9")
     empty = tmp_path / "empty-run"
     empty.mkdir()
