@@ -84,7 +84,7 @@ def vllm_command(
     cmd += ["--generation-config", "vllm"]  # sampling defaults are the request's, not the folder's
     # Guided JSON (a named tool_choice, strict tools) without free whitespace: a small model otherwise
     # fills its arguments with tabs until max_tokens; training wrote json.dumps text, which has none.
-    cmd += ["--structured-outputs-config", json.dumps({"disable_any_whitespace": True})]
+    cmd += ["--structured-outputs-config", json.dumps({"backend": "xgrammar", "disable_any_whitespace": True})]
     if cpu:
         cmd += [
             "--enforce-eager",
