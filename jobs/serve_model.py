@@ -82,8 +82,9 @@ def vllm_command(
     cmd += ["--host", host, "--port", str(port), "--dtype", dtype, "--max-model-len", str(max_model_len)]
     cmd += ["--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--chat-template-content-format", "string"]
     cmd += ["--generation-config", "vllm"]  # sampling defaults are the request's, not the folder's
-    # Guided JSON (a named tool_choice, strict tools) without free whitespace: a small model otherwise
-    # fills its arguments with tabs until max_tokens; training wrote json.dumps text, which has none.
+    # Guided JSON (response_format, structured_outputs) without free whitespace: training wrote json.dumps
+    # text. vLLM 0.32's own tool-call grammar (named tool_choice) ignores this setting: there a small model
+    # may still pad its arguments with whitespace (tests/jobs/test_serve_model.py says how it copes).
     cmd += ["--structured-outputs-config", json.dumps({"backend": "xgrammar", "disable_any_whitespace": True})]
     if cpu:
         cmd += [
