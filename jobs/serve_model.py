@@ -1,0 +1,195 @@
+"""Serve a run's trained policy as an OpenAI-compatible endpoint: vLLM's own server on its export.
+
+    python -m jobs.serve_model --run RUN [--host 127.0.0.1] [--port 8001] [--api-key-env NAME] [--lora]
+
+The run is exported first (jobs/export.py) into this node's cache (`<mcprl cache>/exports/`, written
+afresh at every start, so a run that trained on is served as it is now): a LoRA run merged into plain
+weights (the fast path on CPU), or with `--lora` as base + LoRA module; a full run as its weights. Then
+this process becomes `python -m vllm.entrypoints.openai.api_server` (same PID: stopping it stops the
+server) with
+- `--enable-auto-tool-choice --tool-call-parser hermes`: our models write
+  `<tool_call>{"name": ..., "arguments": ...}</tool_call>` (envs/parsing.py), which the hermes parser turns
+  into OpenAI `tool_calls`; the exported chat template shows `tools=` as training did (envs/chat_template.py);
+- the served model named after the run (`run_name`), `max_model_len` and `dtype` from the run's config;
+- on CPU, no chunked prefill (a seeded request kills the engine otherwise; see actors/vllm_engine.py).
+
+Security: it binds 127.0.0.1 unless --host says otherwise. Any other host needs a bearer token: the
+environment variable named by --api-key-env must hold it (clients send `Authorization: Bearer <token>`);
+without one the server refuses to start. The token reaches vLLM through its environment (VLLM_API_KEY),
+never the command line, so `ps` and logs do not show it. Arguments after `--` go to vLLM as they are.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+
+LOOPBACK_NAMES = ("localhost",)
+_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # what vLLM's --max-lora-rank accepts
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 or localhost: reachable from this machine only."""
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a hostname: it may resolve to anything
+
+
+def api_key_for(host: str, api_key_env: str, environ: os._Environ[str] | dict[str, str] = os.environ) -> str:
+    """The bearer token to require ("" = none). Beyond loopback one is mandatory: ValueError naming
+    the host and the variable otherwise."""
+    token = environ.get(api_key_env, "") if api_key_env else ""
+    if api_key_env and not token:
+        raise ValueError(f"--api-key-env {api_key_env}: the environment variable {api_key_env} is not set or empty")
+    if not token and not is_loopback(host):
+        raise ValueError(
+            f"--host {host} is beyond loopback: the server would be open to the network. Require a bearer "
+            f"token: put it in an environment variable and name it with --api-key-env (e.g. "
+            f"--api-key-env MCPRL_MODEL_TOKEN), or serve on 127.0.0.1"
+        )
+    return token
+
+
+def vllm_command(
+    folder: Path,
+    name: str,
+    *,
+    host: str,
+    port: int,
+    dtype: str,
+    max_model_len: int,
+    cpu: bool,
+    lora: Path | None = None,
+    lora_rank: int = 16,
+    extra: list[str] | None = None,
+) -> list[str]:
+    """vLLM's OpenAI server on an export. `lora`: serve `folder` as the base and this adapter as model `name`."""
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder)]
+    if lora is None:
+        cmd += ["--served-model-name", name]
+    else:
+        rank = next(r for r in _LORA_RANKS if r >= lora_rank)
+        cmd += ["--served-model-name", f"{name}-base", "--enable-lora", "--max-lora-rank", str(rank)]
+        cmd += ["--lora-modules", f"{name}={lora}"]
+    cmd += ["--host", host, "--port", str(port), "--dtype", dtype, "--max-model-len", str(max_model_len)]
+    cmd += ["--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--chat-template-content-format", "string"]
+    cmd += ["--generation-config", "vllm"]  # sampling defaults are the request's, not the folder's
+    # Guided JSON (response_format, structured_outputs) without free whitespace: training wrote json.dumps
+    # text. vLLM 0.32's own tool-call grammar (named tool_choice) ignores this setting: there a small model
+    # may still pad its arguments with whitespace (tests/jobs/test_serve_model.py says how it copes).
+    cmd += ["--structured-outputs-config", json.dumps({"backend": "xgrammar", "disable_any_whitespace": True})]
+    if cpu:
+        cmd += [
+            "--enforce-eager",
+            "--no-enable-chunked-prefill",
+            "--max-num-batched-tokens",
+            str(max(max_model_len, 8192)),
+        ]
+    return cmd + list(extra or [])
+
+
+def _max_positions(folder: Path) -> int:
+    """The model's max_position_embeddings (0 when its config.json does not say, or is not local: an HF id)."""
+    try:
+        return int(json.loads((folder / "config.json").read_text()).get("max_position_embeddings") or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+    import logging
+
+    from jobs.cli import usage_error
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
+    p = argparse.ArgumentParser(prog="python -m jobs.serve_model", description=__doc__.splitlines()[0])
+    p.add_argument("--run", required=True, help="a run folder (runs/ci-tiny, s3://...) or a run name under --storage")
+    p.add_argument("--storage", default="runs", help="where run names are looked up (train.storage; default runs)")
+    p.add_argument("--checkpoint", default="", help="step_N: serve this checkpoint instead of the final weights")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback; others need a token)")
+    p.add_argument("--port", type=int, default=8001)
+    p.add_argument("--api-key-env", default="", help="environment variable holding the bearer token clients send")
+    p.add_argument("--lora", action="store_true", help="LoRA run: serve base + adapter (vLLM LoRA) instead of merged")
+    p.add_argument("--max-model-len", type=int, default=0, help="default: the run's rollout.max_model_len")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if not 0 < args.port < 65536:
+        usage_error(f"--port {args.port}: not a TCP port")
+    try:
+        token = api_key_for(args.host, args.api_key_env)
+    except ValueError as e:
+        usage_error(str(e))
+
+    import torch
+
+    from actors.models import ModelNotFoundError, default_cache_dir
+    from cluster import storage
+    from jobs.export import ExportError, export, load_source
+
+    try:
+        src = load_source(args.run, args.checkpoint, args.storage)
+        lora = src.cfg.finetune.mode == "lora"
+        if args.lora and not lora:
+            usage_error(f"--lora: run {src.run!r} is a full fine-tune; serve it without --lora")
+        key = hashlib.sha1(f"{src.run}|{args.checkpoint}".encode()).hexdigest()[:12]
+        kind = "lora" if args.lora else "merged" if lora else "full"
+        out = default_cache_dir() / "exports" / f"{storage.name(src.run)}-{key}-{kind}"
+        export(
+            src.run,
+            str(out),
+            merge=lora and not args.lora,
+            checkpoint=args.checkpoint,
+            force=True,
+            progress=lambda line: print(line, flush=True),
+        )
+    except (ExportError, storage.StorageError) as e:
+        usage_error(str(e))
+    except ModelNotFoundError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+    cfg = src.cfg
+    if args.lora:
+        base = json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"]
+        folder, adapter = Path(base), out
+    else:
+        folder, adapter = out, None
+    # The run's length, but never past the model's own (vLLM refuses a longer one).
+    positions = _max_positions(folder)
+    max_len = args.max_model_len or min(cfg.rollout.max_model_len, positions or cfg.rollout.max_model_len)
+    cmd = vllm_command(
+        folder,
+        cfg.run_name,
+        host=args.host,
+        port=args.port,
+        dtype=cfg.model.dtype,
+        max_model_len=max_len,
+        cpu=not torch.cuda.is_available(),
+        lora=adapter,
+        lora_rank=cfg.finetune.lora.r,
+        extra=extra,
+    )
+    env = {**os.environ, "VLLM_NO_USAGE_STATS": "1"}
+    env.pop("VLLM_API_KEY", None)  # only the token named here, never one left in the environment
+    if token:
+        env["VLLM_API_KEY"] = token
+    if not torch.cuda.is_available():
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(cfg.rollout.vllm_kv_cache_gb))))
+    print(f"serving model {cfg.run_name!r} at http://{args.host}:{args.port}/v1 (OpenAI API)", flush=True)
+    print(f"  auth: {'bearer token from $' + args.api_key_env if token else 'none (loopback only)'}", flush=True)
+    print(f"  {shlex.join(cmd)}", flush=True)
+    os.execve(sys.executable, cmd, env)  # this process becomes the server: its PID, its signals
+
+
+if __name__ == "__main__":
+    main()

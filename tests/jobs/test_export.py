@@ -1,0 +1,159 @@
+"""`python -m jobs.export` as a user runs it (a fresh process) on run folders that a real Learner wrote
+(config.json, checkpoints/step_N, final_adapter/: what jobs/train.py leaves), read back with transformers
+and PEFT: the exported model's logits are the trained policy's."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from actors.learner import Learner
+from configs.schema import Config
+from jobs.export import ExportError, export
+
+ROOT = Path(__file__).resolve().parents[2]
+STEPS = 2
+
+
+def make_run(folder: Path, mode: str) -> Learner:
+    """A run folder as the driver leaves it, after STEPS real GRPO steps of a tiny-random learner (float32
+    throughout, so the export can be compared exactly)."""
+    cfg = Config()
+    cfg.run_name = folder.name
+    cfg.model.dtype = "float32"
+    cfg.learner.dtype = "float32"
+    cfg.finetune.mode = mode
+    cfg.finetune.lora.r = 4
+    cfg.learner.optim.lr = 1e-2 if mode == "lora" else 1e-3
+    learner = Learner(cfg)
+    learner.setup()
+    g = torch.Generator().manual_seed(0)
+    batch = [
+        {
+            "prompt_ids": torch.randint(100, 40_000, (8,), generator=g).tolist(),
+            "response_ids": [1500, 2500, 3500, 4500],
+            "loss_mask": [1, 1, 0, 1],
+            "rollout_logprobs": [-10.8, -10.8, 0.0, -10.8],
+            "advantage": 1.0,
+        }
+        for _ in range(4)
+    ]
+    for _ in range(STEPS):
+        learner.train_step(batch)
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(cfg.model_dump(mode="json"), indent=2))
+    learner.save_checkpoint(str(folder / "checkpoints" / f"step_{STEPS}"), {"step": STEPS, "version": STEPS})
+    if mode == "lora":
+        learner.save_adapter(str(folder / "final_adapter"))
+    return learner
+
+
+def policy_logits(model: torch.nn.Module) -> torch.Tensor:
+    ids = torch.tensor([[1, 2000, 3000, 4000, 5000, 6000, 7000]])
+    with torch.no_grad():
+        return model(input_ids=ids).logits.float()
+
+
+def run_export(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        [sys.executable, "-m", "jobs.export", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, torch.Tensor]]:
+    """A LoRA run and a full fine-tune run, with the trained policies' logits."""
+    root = tmp_path_factory.mktemp("runs")
+    out = {}
+    for mode in ("lora", "full"):
+        learner = make_run(root / f"run-{mode}", mode)
+        learner.model.eval()
+        out[mode] = (root / f"run-{mode}", policy_logits(learner.model))
+        del learner
+    return out
+
+
+def test_lora_run_exports_a_peft_folder_and_merged_weights(runs: dict, tmp_path: Path) -> None:
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    run, trained = runs["lora"]
+    # By name under --storage, as a user names a run.
+    proc = run_export("--run", run.name, "--storage", str(run.parent))
+    assert "export: lora_adapter from" in proc.stdout and "export: done" in proc.stdout
+    adapter = run / "export"
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    # tiny-random is built locally, not on the Hub: the export carries its base and names it.
+    assert config["base_model_name_or_path"] == str(adapter / "base")
+    assert (adapter / "adapter_model.safetensors").is_file() and (adapter / "base" / "config.json").is_file()
+    info = json.loads((adapter / "mcprl_export.json").read_text())
+    assert info["kind"] == "lora_adapter" and info["source"] == "final_adapter" and "base/" in info["base"]
+
+    tokenizer = AutoTokenizer.from_pretrained(adapter)
+    assert "mcprl_params" in tokenizer.chat_template  # ours: renders tools= as training showed them
+    base = AutoModelForCausalLM.from_pretrained(config["base_model_name_or_path"], dtype=torch.float32)
+    peft_logits = policy_logits(PeftModel.from_pretrained(base, adapter).eval())
+    torch.testing.assert_close(peft_logits, trained, rtol=0, atol=1e-5)
+    untrained = policy_logits(AutoModelForCausalLM.from_pretrained(adapter / "base", dtype=torch.float32))
+    assert (untrained - trained).abs().max() > 1e-3  # the adapter is not the identity: the test can fail
+
+    merged_dir = tmp_path / "merged"
+    proc = run_export("--run", str(run), "--merge", "--out", str(merged_dir))
+    assert "merging the adapter" in proc.stdout
+    assert not (merged_dir / "adapter_config.json").exists() and (merged_dir / "model.safetensors").is_file()
+    merged = AutoModelForCausalLM.from_pretrained(merged_dir).eval()
+    assert merged.dtype == torch.float32  # model.dtype of the run
+    torch.testing.assert_close(policy_logits(merged), peft_logits, rtol=0, atol=1e-4)
+
+
+def test_full_run_exports_its_trained_weights(runs: dict) -> None:
+    from transformers import AutoModelForCausalLM
+
+    run, trained = runs["full"]
+    out = run / "model"
+    proc = run_export("--run", str(run), "--out", str(out), "--checkpoint", f"step_{STEPS}")
+    assert "export: full from" in proc.stdout and f"checkpoints/step_{STEPS}" in proc.stdout
+    model = AutoModelForCausalLM.from_pretrained(out).eval()
+    torch.testing.assert_close(policy_logits(model), trained, rtol=0, atol=1e-5)
+    base = AutoModelForCausalLM.from_pretrained(out.parent / "model", dtype=torch.float32)  # loads unchanged
+    assert base.config.model_type == "llama"
+
+
+def test_clear_errors(runs: dict, tmp_path: Path) -> None:
+    lora, _ = runs["lora"]
+    full, _ = runs["full"]
+    with pytest.raises(ExportError, match="no such run: 'nope'"):
+        export("nope", storage_root=str(tmp_path))
+    with pytest.raises(ExportError, match=r"--merge: run .* is a full fine-tune"):
+        export(str(full), str(tmp_path / "x"), merge=True)
+    with pytest.raises(ExportError, match=r"no complete checkpoint 'step_9' .*checkpoints: step_2"):
+        export(str(lora), str(tmp_path / "x"), checkpoint="step_9")
+    empty = tmp_path / "empty-run"
+    empty.mkdir()
+    (empty / "config.json").write_text((full / "config.json").read_text())
+    with pytest.raises(ExportError, match="has no checkpoint to export"):
+        export(str(empty), str(tmp_path / "x"))
+    assert not (tmp_path / "x").exists()  # nothing was written by a refused export
+
+    # An existing --out is refused as the user sees it: exit 2, the folder named, nothing replaced.
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "keep.txt").write_text("mine")
+    proc = run_export("--run", str(lora), "--out", str(taken), check=False)
+    assert proc.returncode == 2
+    assert f"--out '{taken}' already exists" in proc.stderr and "--force" in proc.stderr
+    assert (taken / "keep.txt").read_text() == "mine"
