@@ -1,8 +1,10 @@
-"""Shared, expensive fixtures: one embedded Ray per test session."""
+"""Shared, expensive fixtures: one embedded Ray per test session, one loopback S3 server."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from pathlib import Path
 
 # No test may reach the real Hugging Face Hub: offline mode for this process, and (inherited through
 # os.environ) for every subprocess, Ray worker and Serve replica the tests start. Set before anything
@@ -25,3 +27,23 @@ def ray_cluster():
     handle = start_ray(ClusterConfig(num_cpus=2))
     yield handle
     stop_ray(handle)
+
+
+@pytest.fixture(scope="session")
+def s3() -> Iterator[dict[str, str]]:
+    """A real S3 API (moto's server) on loopback, with the AWS_* variables pointing at it."""
+    from tests.s3_server import s3_env
+
+    with s3_env() as env:
+        yield env
+
+
+@pytest.fixture(params=["folder", "s3"])
+def storage_root(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A `train.storage` root, once a folder and once an s3:// URI: storage code must behave the same on both."""
+    if request.param == "folder":
+        return str(tmp_path / "store")
+    from tests.s3_server import BUCKET
+
+    request.getfixturevalue("s3")
+    return f"s3://{BUCKET}/{tmp_path.name}"

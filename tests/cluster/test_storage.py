@@ -4,28 +4,17 @@ same results; and the driver's view of checkpoints (only complete ones count).""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from cluster import storage
 from jobs.train import latest_checkpoint
-from tests.s3_server import BUCKET, s3_env
 
 
-@pytest.fixture(scope="module")
-def s3() -> Iterator[dict[str, str]]:
-    with s3_env() as env:
-        yield env
-
-
-@pytest.fixture(params=["folder", "s3"])
-def root(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "folder":
-        return str(tmp_path / "store")
-    request.getfixturevalue("s3")
-    return f"s3://{BUCKET}/{tmp_path.name}"
+@pytest.fixture
+def root(storage_root: str) -> str:
+    return storage_root
 
 
 def test_round_trip(root: str, tmp_path: Path) -> None:

@@ -4,14 +4,10 @@ cut short included."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
 from cluster import storage
 from jobs.checkpoints import checkpoint_path, checkpoint_steps, latest_checkpoint, prune_checkpoints, retained
-from tests.s3_server import BUCKET, s3_env
 
 
 @pytest.mark.parametrize(
@@ -39,18 +35,9 @@ def test_a_negative_count_is_named() -> None:
         retained([1], -1, {})
 
 
-@pytest.fixture(scope="module")
-def s3() -> Iterator[dict[str, str]]:
-    with s3_env() as env:
-        yield env
-
-
-@pytest.fixture(params=["folder", "s3"])
-def run(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "folder":
-        return str(tmp_path / "run")
-    request.getfixturevalue("s3")
-    return f"s3://{BUCKET}/{tmp_path.name}/run"
+@pytest.fixture
+def run(storage_root: str) -> str:
+    return storage.join(storage_root, "run")
 
 
 def write_checkpoint(run: str, step: int, complete: bool = True) -> None:
