@@ -1,4 +1,4 @@
-"""Shared, expensive fixtures: one embedded Ray per test session, one loopback S3 server."""
+"""Shared, expensive fixtures: one embedded Ray per test session, a loopback S3 server per module."""
 
 from __future__ import annotations
 
@@ -29,9 +29,10 @@ def ray_cluster():
     stop_ray(handle)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def s3() -> Iterator[dict[str, str]]:
-    """A real S3 API (moto's server) on loopback, with the AWS_* variables pointing at it."""
+    """A real S3 API (moto's server) on loopback, with the AWS_* variables pointing at it (for one module: the
+    variables are restored after it)."""
     from tests.s3_server import s3_env
 
     with s3_env() as env:

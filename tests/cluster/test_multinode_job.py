@@ -16,13 +16,10 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-from collections.abc import Iterator
-
-import pytest
 
 from cluster import storage
 from cluster.local_cluster import LoopbackCluster, get_json, loopback_cluster, wait_for
-from tests.s3_server import BUCKET, s3_env
+from tests.s3_server import BUCKET
 
 JOB_TIMEOUT_S = 600
 ON_WORKER = "{mcprl_worker: 1}"
@@ -40,12 +37,6 @@ def submit(cluster: LoopbackCluster, *args: str, wait: bool = True) -> subproces
     """`ray job submit` of jobs.train on ci-tiny, as the README writes it."""
     entry = ("python", "-m", "jobs.train", "--config", "configs/ci-tiny.yaml", *args)
     return cluster.submit(*entry, wait=wait, timeout_s=JOB_TIMEOUT_S)
-
-
-@pytest.fixture(scope="module")
-def s3() -> Iterator[dict[str, str]]:
-    with s3_env() as env:
-        yield env
 
 
 def test_a_submitted_run_on_two_nodes_is_stopped_resumed_and_finishes_into_storage(s3: dict[str, str]) -> None:
