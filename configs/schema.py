@@ -635,7 +635,9 @@ class SftConfig(Strict):
 class TrainConfig(Strict):
     steps: int = Field(10, ge=1, description="GRPO iterations.")
     tasks_per_step: int = Field(4, ge=1, description="B: tasks sampled per iteration.")
-    group_size: int = Field(4, ge=2, description="G: episodes per task (the GRPO group).")
+    group_size: int = Field(
+        4, ge=1, description="G: episodes per task (the GRPO group); at least 2, except with algorithm.name ppo."
+    )
     epochs: int = Field(1, ge=1, description="Passes over each iteration's batch.")
     minibatches: int = Field(1, ge=1, description="Optimizer steps per epoch (the batch is split in this many).")
     seed: int = 0
@@ -713,3 +715,12 @@ class Config(Strict):
     train: TrainConfig = Field(default_factory=TrainConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+
+    @model_validator(mode="after")
+    def _group_of_one_only_for_ppo(self) -> Config:
+        if self.train.group_size < 2 and self.algorithm.name != "ppo":
+            raise ValueError(
+                f"train.group_size is {self.train.group_size}: GRPO needs at least 2 episodes per task (a group of "
+                "one has no baseline); only algorithm.name ppo allows 1"
+            )
+        return self

@@ -416,16 +416,21 @@ class Driver:
         if not kept:
             log.warning("step %d: every episode failed for infrastructure reasons; nothing to train on", self.step + 1)
             return metrics
+        ppo = cfg.algorithm.name == "ppo"
         with self.tracker.phase("reward"):
-            adv, adv_stats = group_advantages(
-                [t.reward for t in kept],
-                [t.group_id for t in kept],
-                method=cfg.algorithm.advantage,
-                std_normalize=cfg.algorithm.std_normalize,
-            )
+            if ppo:  # per-token advantages come from GAE in the learner: groups play no part (nor their stats)
+                adv, adv_stats = [0.0] * len(kept), {}
+            else:
+                advantages, adv_stats = group_advantages(
+                    [t.reward for t in kept],
+                    [t.group_id for t in kept],
+                    method=cfg.algorithm.advantage,
+                    std_normalize=cfg.algorithm.std_normalize,
+                )
+                adv = advantages.tolist()
         metrics.update({f"adv/{k}": float(v) for k, v in adv_stats.items()})
         with self.tracker.phase("train"):
-            train = await self.learner.train_step(to_samples(kept, adv.tolist(), ppo=cfg.algorithm.name == "ppo"))
+            train = await self.learner.train_step(to_samples(kept, adv, ppo=ppo))
         metrics.update({f"train/{k}": float(v) for k, v in train.items()})
         self.version += 1
         with self.tracker.phase("sync"):
