@@ -17,6 +17,16 @@ One GRPO iteration (`train_step`) on this rank's share of the batch:
    (ref ← policy); ema (ref ← a·ref + (1−a)·policy). The iteration counter that times it is checkpointed
    with the reference, so a resumed run updates it at the same iterations as an unbroken one.
 
+Dr. GRPO (`algorithm.advantage: dr_grpo`): step 2's N_minibatch is the constant N_seq · L_max instead
+(grpo/losses.py), N_seq the minibatch's samples over all ranks.
+
+PPO (`algorithm.name: ppo`): the policy carries a value head (Linear(hidden, 1) on the output layer's input,
+read by a forward pre-hook in the same forward as the logprobs; trained beside the adapter or the full
+model, checkpointed, never pushed to the engines nor copied into the reference). Step 1 always runs the
+scoring pass, which also gives V_old; GAE over each sample's generated tokens (grpo/gae.py) gives
+per-token advantages, whitened over the batch's generated tokens on all ranks, and returns; step 2 adds
+`value_loss_coef` × the (clipped) value loss, reduced like the policy loss.
+
 Collectives: every rank runs the same number of forwards and backwards (the largest micro-batch count
 of any rank; the others run empty micro-batches with a zero mask), or the sharded model's gathers hang.
 
@@ -66,6 +76,7 @@ log = logging.getLogger(__name__)
 
 _ADAPTER = "default"  # PEFT's name of the trained adapter
 _REF_ADAPTER = "reference"  # the frozen copy used as KL reference when it must move
+_VALUE_HEAD = "value_head"  # PPO: Linear(hidden, 1) on the policy's last hidden state
 _CKPT_FORMAT = 1
 
 
@@ -108,6 +119,8 @@ class Learner:
         # the scoring pass (tests compare the two).
         self.reuse_forward_logprobs = True
         self._export_keys: dict[str, str] | None = None  # export_adapter: parameter name -> PEFT key
+        self.ppo = cfg.algorithm.name == "ppo"
+        self.value_head: Any = None  # PPO: a submodule of the policy, trained, checkpointed, never pushed
 
     # ------------------------------------------------------------------ setup
 
@@ -136,7 +149,11 @@ class Learner:
 
         torch.manual_seed(self.cfg.train.seed)  # the same adapter init on every rank, before sharding
         model = self._build_policy()
+        if self.ppo:
+            self._add_value_head(model)
         self.model = self.backend.wrap(model)
+        if self.ppo:
+            self.value_head = self.model.get_submodule(_VALUE_HEAD)
         if self.cfg.algorithm.kl_coef > 0 and not self.lora:
             self._build_reference_model()
         torch.manual_seed(self.cfg.train.seed + 1000 * self.rank)  # dropout etc. differ per rank
@@ -250,6 +267,18 @@ class Learner:
             self.ref_kind = "disabled_adapter"
         return model
 
+    def _add_value_head(self, model: nn.Module) -> None:
+        """PPO's value head, Linear(hidden, 1) in float32 (trained like the adapter), as a submodule of the
+        policy: the sharding backend shards it, the optimizer trains it and checkpoints hold it with the
+        rest. Zero-initialised: V = 0 at first, the same on every rank whatever the seed."""
+        import torch
+
+        hidden = model.get_output_embeddings().in_features
+        head = torch.nn.Linear(hidden, 1, dtype=torch.float32)
+        torch.nn.init.zeros_(head.weight)
+        torch.nn.init.zeros_(head.bias)
+        model.add_module(_VALUE_HEAD, head)
+
     def _attach_adapter(self, base: nn.Module) -> nn.Module:
         from peft import LoraConfig, PeftModel, get_peft_model
 
@@ -312,6 +341,15 @@ class Learner:
             return 1.0 - (1.0 - o.min_lr_ratio) * progress
         return o.min_lr_ratio + (1.0 - o.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
+    @property
+    def dr_grpo_norm_tokens(self) -> int:
+        """Dr. GRPO's L_max: `algorithm.dr_grpo_norm_tokens`, else the episode's generation budget
+        (max_new_tokens per turn × the turn budget)."""
+        alg = self.cfg.algorithm
+        if alg.dr_grpo_norm_tokens is not None:
+            return alg.dr_grpo_norm_tokens
+        return self.cfg.rollout.sampling.max_new_tokens * self.cfg.generation.max_turns
+
     @staticmethod
     def _numel(p: torch.Tensor) -> int:
         if getattr(p, "quant_state", None) is not None:  # qlora: a packed 4-bit weight
@@ -336,8 +374,15 @@ class Learner:
         self._sft_optimizer = None  # supervised warm start is over: free its state
         batch = [as_sample(s, i) for i, s in enumerate(samples)]
         tr, alg = self.cfg.train, self.cfg.algorithm
-        on_policy = self.reuse_forward_logprobs and tr.epochs == 1 and tr.minibatches == 1
-        old, ref, score_metrics = self._score(batch, policy=not on_policy)
+        # PPO's GAE needs the values before the update: it always runs the scoring pass.
+        on_policy = self.reuse_forward_logprobs and tr.epochs == 1 and tr.minibatches == 1 and not self.ppo
+        ppo, ppo_metrics = None, {}
+        if self.ppo:
+            old_values: list[torch.Tensor] = []
+            old, ref, score_metrics = self._score(batch, values_out=old_values)
+            ppo, ppo_metrics = self._ppo_targets(batch, old_values)
+        else:
+            old, ref, score_metrics = self._score(batch, policy=not on_policy)
 
         slices = [list(range(len(batch)))[k :: tr.minibatches] for k in range(tr.minibatches)]
         sums: dict[str, float] = {}
@@ -352,6 +397,7 @@ class Learner:
                     [batch[i] for i in idx],
                     [old[i] for i in idx] if old is not None else None,
                     [ref[i] for i in idx] if ref is not None else None,
+                    tuple([rows[i] for i in idx] for rows in ppo) if ppo is not None else None,
                 )
                 grad_norms.append(norm)
                 _accumulate(sums, weights, m, m["tokens"])
@@ -367,6 +413,7 @@ class Learner:
         out.pop("tokens", None)
         if alg.entropy_coef == 0 and not on_policy:
             out["entropy"] = score_metrics["entropy"]
+        out.update(ppo_metrics)
         out["grad_norm"] = sum(grad_norms) / len(grad_norms)
         out["lr"] = float(lr)
         out["tokens"] = score_metrics["tokens"]
@@ -432,10 +479,16 @@ class Learner:
         return [old[i][len(s.prompt_ids) - 1 :].tolist() for i, s in enumerate(batch)]
 
     def _score(
-        self, batch: list[Sample], reference: bool = True, policy: bool = True, selective: bool = True
+        self,
+        batch: list[Sample],
+        reference: bool = True,
+        policy: bool = True,
+        selective: bool = True,
+        values_out: list[torch.Tensor] | None = None,
     ) -> tuple[list[torch.Tensor] | None, list[torch.Tensor] | None, dict[str, float]]:
         """Per sample (length num_tokens−1): the current policy's logprobs (None when not `policy`), and
         the reference's (None without one); `selective`: only at trained positions (0 elsewhere).
+        `values_out` (PPO, with `policy`): filled with the value head's values per sample, like the logprobs.
         Metrics: entropy (0 when not `policy`), tokens, samples, batch_tokens. With neither to compute,
         no forward runs (the counts are still reduced)."""
         import torch
@@ -443,6 +496,7 @@ class Learner:
         from grpo.losses import masked_mean
 
         old: list[torch.Tensor | None] | None = [None] * len(batch) if policy else None
+        vals: list[torch.Tensor | None] = [None] * len(batch)
         ref: list[torch.Tensor | None] | None = [None] * len(batch) if reference and self.ref_kind != "none" else None
         ent_sum = 0.0
         tokens = 0.0 if policy else float(sum(sum(s.loss_mask) for s in batch))
@@ -452,7 +506,10 @@ class Learner:
                 packed = self._pack([batch[i] for i in micro])
                 logp = None
                 if old is not None:
-                    logp, entropy = self._token_logprobs(self.model, packed, entropy=True, selective=selective)
+                    sink = [] if values_out is not None else None
+                    logp, entropy = self._token_logprobs(
+                        self.model, packed, entropy=True, selective=selective, values=sink
+                    )
                     logp = logp.float()
                     mask = packed["loss_mask"].to(logp.device)
                     if micro:
@@ -465,12 +522,16 @@ class Learner:
                     n = batch[i].num_tokens - 1
                     if old is not None:
                         old[i] = logp[row, :n].cpu()
+                        if sink:
+                            vals[i] = sink[0][row, :n].detach().float().cpu()
                     if ref is not None:
                         ref[i] = ref_logp[row, :n].cpu()
         if old is not None or self.ref_kind in ("disabled_adapter", "adapter"):
             self.backend.reshard(self.model)
         if self.ref_kind == "model" and ref is not None:
             self.backend.reshard(self.reference)
+        if values_out is not None and old is not None:
+            values_out[:] = vals
         batch_tokens = float(sum(s.num_tokens for s in batch))
         totals = self._all_reduce_sum([ent_sum, tokens, float(len(batch)), batch_tokens])
         metrics = {
@@ -495,22 +556,87 @@ class Learner:
                 logp, _ = self._token_logprobs(self.reference, packed, selective=selective, device="cpu")
         return logp.float()
 
+    def _ppo_targets(
+        self, batch: list[Sample], old_values: list[torch.Tensor]
+    ) -> tuple[tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]], dict[str, float]]:
+        """PPO: per sample (length num_tokens−1, 0 off the trained tokens) the GAE advantages (whitened over
+        the whole batch's generated tokens, all ranks, with `algorithm.whiten_advantages`), the old values
+        and the returns (grpo/gae.py); and global metrics: returns_mean, explained_variance (of the returns
+        by the old values; 0 when the returns do not vary), advantage_mean/advantage_std (before whitening)."""
+        import torch
+
+        from grpo.gae import gae
+
+        alg = self.cfg.algorithm
+        advs, rets = [], []
+        for i, (s, values) in enumerate(zip(batch, old_values, strict=True)):
+            if s.token_rewards is None:
+                raise ValueError(f"algorithm.name is ppo, but sample {i} has no token_rewards (grpo.gae.token_rewards)")
+            p, n = len(s.prompt_ids), s.num_tokens - 1
+            rewards, mask = torch.zeros(n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64)
+            rewards[p - 1 :] = torch.tensor(s.token_rewards, dtype=torch.float64)
+            mask[p - 1 :] = torch.tensor(s.loss_mask, dtype=torch.float64)
+            a, r = gae(rewards[None], values.double()[None], mask[None], alg.gamma, alg.lam)
+            advs.append(a[0])
+            rets.append(r[0])
+        m = [torch.tensor([0.0] * (len(s.prompt_ids) - 1) + [float(x) for x in s.loss_mask]) for s in batch]
+        sums = [
+            sum(float((t * k).sum()) for t, k in zip(ts, m, strict=True))
+            for ts in (
+                [torch.ones_like(k) for k in m],
+                advs,
+                [a * a for a in advs],
+                rets,
+                [r * r for r in rets],
+                [r - v.double() for r, v in zip(rets, old_values, strict=True)],
+                [(r - v.double()) ** 2 for r, v in zip(rets, old_values, strict=True)],
+            )
+        ]
+        count, a_sum, a_sq, r_sum, r_sq, e_sum, e_sq = self._all_reduce_sum(sums)
+        n = max(count, 1.0)
+        a_mean, r_mean = a_sum / n, r_sum / n
+        a_std = math.sqrt(max(a_sq / n - a_mean**2, 0.0))
+        r_var = max(r_sq / n - r_mean**2, 0.0)
+        e_var = max(e_sq / n - (e_sum / n) ** 2, 0.0)
+        if alg.whiten_advantages:
+            advs = [(a - a_mean) / (a_std + 1e-8) * k for a, k in zip(advs, m, strict=True)]
+        metrics = {
+            "returns_mean": r_mean,
+            "explained_variance": 1.0 - e_var / r_var if r_var > 0 else 0.0,
+            "advantage_mean": a_mean,
+            "advantage_std": a_std,
+        }
+        as32 = [[t.float() for t in rows] for rows in (advs, old_values, rets)]
+        return (as32[0], as32[1], as32[2]), metrics
+
     def _optimizer_step(
-        self, minibatch: list[Sample], old: list[torch.Tensor] | None, ref: list[torch.Tensor] | None
+        self,
+        minibatch: list[Sample],
+        old: list[torch.Tensor] | None,
+        ref: list[torch.Tensor] | None,
+        ppo: tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]] | None = None,
     ) -> tuple[dict[str, float], float]:
         """Accumulate the minibatch's gradients over micro-batches, clip, step. Metrics are global.
 
         `old` None: strictly on-policy, old_t = this forward's logprobs, detached; the entropy metric is
-        then taken from this forward as well (when the loss does not compute it already)."""
+        then taken from this forward as well (when the loss does not compute it already).
+        `ppo`: per sample, (advantages, old values, returns) from `_ppo_targets`: per-token advantages and
+        the value loss beside the policy loss, reduced alike."""
 
-        from grpo.losses import masked_mean, policy_loss
+        from grpo.losses import dr_grpo_normalizer, masked_mean, policy_loss, value_loss
 
         alg = self.cfg.algorithm
-        if alg.loss_reduction == "token":
-            count = float(sum(sum(s.loss_mask) for s in minibatch))
+        reduction = alg.loss_reduction
+        if alg.advantage == "dr_grpo" and not self.ppo:
+            # A constant: episodes of the minibatch (all ranks) × the generation budget, not its token count.
+            reduction = "token"
+            normalizer = dr_grpo_normalizer(self._all_reduce_sum([float(len(minibatch))])[0], self.dr_grpo_norm_tokens)
         else:
-            count = float(sum(1 for s in minibatch if any(s.loss_mask)))
-        normalizer = self._all_reduce_sum([count])[0]
+            if alg.loss_reduction == "token":
+                count = float(sum(sum(s.loss_mask) for s in minibatch))
+            else:
+                count = float(sum(1 for s in minibatch if any(s.loss_mask)))
+            normalizer = self._all_reduce_sum([count])[0]
         sums: dict[str, float] = {}
         weights: dict[str, float] = {}
         self.model.train()
@@ -519,8 +645,9 @@ class Learner:
             width = packed["loss_mask"].shape[1]
             # On-policy without an entropy term, the entropy metric comes from this forward (no grad).
             metric_entropy = old is None and alg.entropy_coef == 0
+            sink: list[torch.Tensor] | None = [] if ppo is not None else None
             logp, entropy = self._token_logprobs(
-                self.model, packed, entropy="metric" if metric_entropy else alg.entropy_coef > 0
+                self.model, packed, entropy="metric" if metric_entropy else alg.entropy_coef > 0, values=sink
             )
             dev = logp.device
             if old is None:
@@ -532,14 +659,15 @@ class Learner:
                     entropy = None
             else:
                 old_logp = _pad_rows([old[i] for i in micro], width).to(dev)
+            advantages = packed["advantages"] if ppo is None else _pad_rows([ppo[0][i] for i in micro], width)
             loss, m = policy_loss(
                 logp,
                 old_logp,
-                packed["advantages"].to(dev),
+                advantages.to(dev),
                 packed["loss_mask"].to(dev),
                 clip_eps_low=alg.clip_eps_low,
                 clip_eps_high=alg.clip_eps_high,
-                reduction=alg.loss_reduction,
+                reduction=reduction,
                 ref_logprobs=_pad_rows([ref[i] for i in micro], width).to(dev) if ref is not None else None,
                 kl_coef=alg.kl_coef,
                 kl_estimator=alg.kl_estimator,
@@ -549,6 +677,20 @@ class Learner:
                 tis_cap=alg.tis_cap,
                 normalizer=normalizer,
             )
+            if ppo is not None:
+                v_loss, vm = value_loss(
+                    sink[0],
+                    _pad_rows([ppo[1][i] for i in micro], width).to(dev),
+                    _pad_rows([ppo[2][i] for i in micro], width).to(dev),
+                    packed["loss_mask"].to(dev),
+                    clip=alg.value_clip,
+                    reduction=reduction,
+                    normalizer=normalizer,
+                )
+                loss = loss + alg.value_loss_coef * v_loss
+                _accumulate(
+                    sums, weights, {k: vm[k] for k in ("value_loss", "value_mean", "value_clip_frac")}, vm["tokens"]
+                )
             (loss * self.backend.grad_scale).backward()
             keys = ("policy_loss", "kl", "ratio_mean", "ratio_std", "clip_frac", "logprob_gap")
             _accumulate(sums, weights, {k: m[k] for k in keys if k in m}, m["tokens"])
@@ -606,12 +748,15 @@ class Learner:
         entropy: bool | str = False,
         selective: bool = True,
         device: str | None = None,
+        values: list[torch.Tensor] | None = None,
         **kwargs: Any,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """log p of each next token, [N, T−1], and with `entropy` the next-token entropy ("metric": without
         gradient). Selective (`learner.selective_logits`): the output layer runs only where the loss mask
         is 1 (about a fifth of an episode's tokens), and both are 0 elsewhere; the float32 softmax over
-        the vocabulary at every position is most of a small model's step otherwise."""
+        the vocabulary at every position is most of a small model's step otherwise.
+        `values` (PPO): the value head runs on the same forward's last hidden states and its [N, T−1]
+        values (aligned like logp, 0 where logp is 0) are appended to this list."""
         import torch
 
         from grpo.losses import entropy_from_logits, token_logprobs
@@ -622,13 +767,19 @@ class Learner:
         if selective and self.cfg.learner.selective_logits:
             keep = torch.zeros(ids.shape, dtype=torch.bool)
             keep[:, :-1] = packed["loss_mask"] > 0
-        with self.backend.compute(), _output_layer_at(model, keep):
+        raw_values: list[torch.Tensor] = []
+        head = self.value_head if values is not None else None
+        # The value hook is registered after the selecting one, so it sees the same (selected) hidden states.
+        with self.backend.compute(), _output_layer_at(model, keep), _value_head_at(model, head, raw_values):
             logits = model(
                 input_ids=ids.to(device or self.device),
                 attention_mask=packed["attention_mask"].to(device or self.device),
                 use_cache=False,
                 **kwargs,
             ).logits
+        if values is not None:
+            v = raw_values[0]
+            values.append(v[:, :-1] if keep is None else _scatter_kept(v, keep))
         if keep is None:
             logp = token_logprobs(logits, ids.to(logits.device))
             with torch.no_grad() if entropy == "metric" else contextlib.nullcontext():
@@ -679,11 +830,13 @@ class Learner:
                 for ref_p, pol_p in pairs:
                     _blend(self.backend.local(ref_p), self.backend.local(pol_p), weight)
             elif self.ref_kind == "model":
-                for ref_p, pol_p in zip(self.reference.parameters(), self.model.parameters(), strict=True):
+                policy = [p for n, p in self.model.named_parameters() if not _is_value_head(n)]
+                for ref_p, pol_p in zip(self.reference.parameters(), policy, strict=True):
                     _blend(self.backend.local(ref_p), self.backend.local(pol_p), weight)
             else:  # the CPU copy is whole: gather the policy (every rank needs it)
                 ref_params = dict(self.reference.named_parameters())
-                for name, full in self.backend.named_full_tensors(self.model, lambda n: True, all_ranks=True):
+                policy = self.backend.named_full_tensors(self.model, lambda n: not _is_value_head(n), all_ranks=True)
+                for name, full in policy:
                     _blend(ref_params[name], full, weight)
 
     # ------------------------------------------------------------------ export
@@ -726,7 +879,8 @@ class Learner:
         if max_chunk_bytes < 1:
             raise ValueError(f"export_weights: max_chunk_bytes must be >= 1, got {max_chunk_bytes}")
         dtype = getattr(torch, self.cfg.model.dtype)
-        named = self._named_merged() if self.lora else self.backend.named_full_tensors(self.model, lambda n: True)
+        policy = self.backend.named_full_tensors(self.model, lambda n: not _is_value_head(n))
+        named = self._named_merged() if self.lora else policy
         chunk: dict[str, torch.Tensor] = {}
         size = 0
         group: dict[str, torch.Tensor] = {}
@@ -759,8 +913,8 @@ class Learner:
         on ranks other than 0. PEFT names map to the base's by dropping `base_model.model.` and
         `.base_layer`; a wrapped linear's weight is yielded once its lora_A and lora_B have arrived."""
 
-        def keep(name: str) -> bool:  # the reference adapter and dropouts are not the policy
-            return "lora_" not in name or _is_trained_adapter(name)
+        def keep(name: str) -> bool:  # the reference adapter, dropouts and a value head are not the policy
+            return ("lora_" not in name or _is_trained_adapter(name)) and not _is_value_head(name)
 
         parts: dict[str, dict[str, torch.Tensor | None]] = {}  # wrapped module -> {"W", "A", "B"}
         named = self.backend.named_full_tensors(self.model, keep)
@@ -922,8 +1076,9 @@ class Learner:
         return meta["extra"]
 
     def _state_keep(self, key: str) -> bool:
-        """Checkpointed model entries: LoRA → the adapters only (the base is the model's own files)."""
-        return "lora_" in key if self.lora else True
+        """Checkpointed model entries: LoRA → the adapters (and PPO's value head) only (the base is the
+        model's own files)."""
+        return "lora_" in key or _is_value_head(key) if self.lora else True
 
     # ------------------------------------------------------------------ collectives
 
@@ -1000,6 +1155,26 @@ def _output_layer_at(model: nn.Module, keep: torch.Tensor | None) -> Iterator[No
         handle.remove()
 
 
+@contextlib.contextmanager
+def _value_head_at(model: nn.Module, head: nn.Module | None, out: list[torch.Tensor]) -> Iterator[None]:
+    """While open (with a `head`), each forward appends head(h) to `out`, h the output layer's input (the
+    last hidden states, [N, T, H], or the rows `_output_layer_at` selected, [1, K+1, H]): [N, T] or
+    [1, K+1] in float32. Run inside the forward, so a sharded model's parameters are there."""
+    if head is None:
+        yield
+        return
+
+    def run(_module: nn.Module, args: tuple[Any, ...]) -> None:
+        hidden = args[0]
+        out.append(head(hidden.to(head.weight.dtype)).squeeze(-1).float())
+
+    handle = model.get_output_embeddings().register_forward_pre_hook(run)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
 def _scatter_kept(values: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     """[1, K] values of the kept positions → [N, T−1], 0 elsewhere (differentiable)."""
     mask = keep[:, :-1].to(values.device)
@@ -1028,6 +1203,12 @@ def _blend(ref: torch.Tensor, policy: torch.Tensor, weight: float) -> None:
         ref.copy_(policy)
     else:
         ref.lerp_(policy.to(ref.dtype), weight)
+
+
+def _is_value_head(name: str) -> bool:
+    """`value_head.weight`, under whatever prefix a wrapper adds."""
+    parts = name.split(".")
+    return len(parts) >= 2 and parts[-2] == _VALUE_HEAD
 
 
 def _is_trained_adapter(name: str) -> bool:

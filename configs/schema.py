@@ -536,12 +536,28 @@ class RolloutConfig(Strict):
 
 
 class AlgorithmConfig(Strict):
-    """GRPO: advantages and the policy loss (grpo/)."""
+    """GRPO or PPO: advantages and the policy loss (grpo/)."""
 
-    advantage: Literal["grpo", "rloo", "reinforce_pp"] = Field(
-        "grpo", description="grpo: minus the group mean; rloo: minus the mean of the others; reinforce_pp: batch mean."
+    name: Literal["grpo", "ppo"] = Field(
+        "grpo",
+        description="grpo: one advantage per episode from its group (`advantage`); ppo: a value head on the policy "
+        "and per-token GAE advantages (gamma, lam, value_loss_coef, value_clip, whiten_advantages; `advantage` and "
+        "`std_normalize` are not used).",
+    )
+    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"] = Field(
+        "grpo",
+        description="grpo: minus the group mean (over the group std); dr_grpo: minus the group mean, never over the "
+        "std (std_normalize is ignored), and the loss divided by a constant (dr_grpo_norm_tokens × the minibatch's "
+        "episodes) instead of its token count (loss_reduction is ignored); rloo: minus the mean of the others; "
+        "reinforce_pp: batch mean.",
     )
     std_normalize: bool = Field(True, description="Divide by the group's std (grpo) or the batch's (reinforce_pp).")
+    dr_grpo_norm_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="dr_grpo: L_max, the constant the loss's token sum is divided by (per episode); None = the "
+        "episode's generation budget, rollout.sampling.max_new_tokens × generation.max_turns.",
+    )
     clip_eps_low: float = Field(0.2, ge=0, description="Ratio clipped below at 1 - clip_eps_low.")
     clip_eps_high: float = Field(0.28, ge=0, description="Ratio clipped above at 1 + clip_eps_high.")
     loss_reduction: Literal["token", "sequence"] = Field(
@@ -552,6 +568,15 @@ class AlgorithmConfig(Strict):
     entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus weight.")
     tis_cap: float | None = Field(
         2.0, gt=0, description="Truncated importance weight cap for learner/rollout logprob gaps; None = off."
+    )
+    gamma: float = Field(0.99, ge=0, le=1, description="ppo: GAE discount per generated token.")
+    lam: float = Field(0.95, ge=0, le=1, description="ppo: GAE lambda.")
+    value_loss_coef: float = Field(0.5, ge=0, description="ppo: weight of the value loss beside the policy loss.")
+    value_clip: float | None = Field(
+        0.2, gt=0, description="ppo: new values kept within ±value_clip of the old ones in the value loss; None = off."
+    )
+    whiten_advantages: bool = Field(
+        True, description="ppo: GAE advantages shifted and scaled to mean 0, std 1 over the batch's generated tokens."
     )
 
 
@@ -678,7 +703,9 @@ class SftConfig(Strict):
 class TrainConfig(Strict):
     steps: int = Field(10, ge=1, description="GRPO iterations.")
     tasks_per_step: int = Field(4, ge=1, description="B: tasks sampled per iteration.")
-    group_size: int = Field(4, ge=2, description="G: episodes per task (the GRPO group).")
+    group_size: int = Field(
+        4, ge=1, description="G: episodes per task (the GRPO group); at least 2, except with algorithm.name ppo."
+    )
     epochs: int = Field(1, ge=1, description="Passes over each iteration's batch.")
     minibatches: int = Field(1, ge=1, description="Optimizer steps per epoch (the batch is split in this many).")
     seed: int = 0
@@ -771,5 +798,14 @@ class Config(Strict):
             raise ValueError(
                 f"finetune.mode qlora runs on one learner rank, unsharded: learner.workers must be 1 (got "
                 f"{self.learner.workers}) and learner.backend fsdp2 (got {self.learner.backend})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _group_of_one_only_for_ppo(self) -> Config:
+        if self.train.group_size < 2 and self.algorithm.name != "ppo":
+            raise ValueError(
+                f"train.group_size is {self.train.group_size}: GRPO needs at least 2 episodes per task (a group of "
+                "one has no baseline); only algorithm.name ppo allows 1"
             )
         return self

@@ -9,6 +9,7 @@ For trajectory i in group g with G_g members, mean m_g = (1/G_g) Σ_j r_j and
 
     grpo          A_i = (r_i − m_g) / (σ_g + eps)      σ_g = sqrt((1/G_g) Σ_j (r_j − m_g)²)
                   A_i =  r_i − m_g                     when std_normalize is False
+    dr_grpo       A_i =  r_i − m_g                     always: std_normalize is ignored
     rloo          A_i = r_i − (1/(G_g−1)) Σ_{j≠i} r_j  = G_g/(G_g−1) · (r_i − m_g);   0 for singletons
     reinforce_pp  A_i = (r_i − m_g) / (σ_B + eps)      σ_B = sqrt((1/N) Σ_k (r_k − m_{g(k)})²)
                   A_i =  r_i − m_g                     when std_normalize is False
@@ -16,6 +17,10 @@ For trajectory i in group g with G_g members, mean m_g = (1/G_g) Σ_j r_j and
 σ_g is the population std (ddof 0): the group is the whole population of samples drawn for that
 prompt this step, and with ddof 0 the normalised advantages of every non-degenerate group have unit
 RMS whatever G is (Bessel's correction would shrink them by sqrt((G−1)/G), which matters at G=2..4).
+dr_grpo (Dr. GRPO, Liu et al. 2025, "Understanding R1-Zero-Like Training") drops the division by σ_g:
+it weights questions by difficulty (a group with a small spread is blown up to unit scale), so it
+ignores `std_normalize`; its other half, the constant length normalisation of the loss, is in
+grpo/losses.py (`dr_grpo_normalizer`).
 rloo ignores `std_normalize`: its baseline is already unbiased and leave-one-out has no std of its own.
 reinforce_pp (REINFORCE++ with a group baseline) normalises by the std of the whole batch of centred
 rewards, so groups with a small spread are not blown up to unit scale as they are in grpo.
@@ -28,7 +33,7 @@ from collections.abc import Sequence
 
 import torch
 
-ADVANTAGE_METHODS: tuple[str, ...] = ("grpo", "rloo", "reinforce_pp")
+ADVANTAGE_METHODS: tuple[str, ...] = ("grpo", "dr_grpo", "rloo", "reinforce_pp")
 
 
 def group_advantages(
@@ -80,6 +85,8 @@ def group_advantages(
 
     if method == "grpo":
         adv = centred / (std[inverse] + eps) if std_normalize else centred
+    elif method == "dr_grpo":
+        adv = centred
     elif method == "rloo":
         g = size[inverse]
         adv = torch.where(g > 1, centred * g / (g - 1).clamp_min(1), torch.zeros_like(centred))

@@ -18,6 +18,21 @@ The loss, per masked token t of sequence i (A = advantage, ρ = ratio):
 
 The learner passes `normalizer` = the token (or sequence) count of the whole minibatch across its
 micro-batches and ranks, so the micro-batch losses sum to the minibatch mean.
+
+Dr. GRPO (`algorithm.advantage: dr_grpo`; Liu et al. 2025, "Understanding R1-Zero-Like Training") divides
+the token sum by a constant instead, so a long response's tokens weigh as much as a short one's:
+
+    dr_grpo:   L = Σ_{i,t} m_{i,t} ℓ_{i,t} / (N_seq · L_max)      (`dr_grpo_normalizer`)
+
+N_seq = the minibatch's sequences (all ranks), L_max = the generation budget of one episode. The paper's
+code sums each response's token losses, divides by the generation budget and averages over responses:
+the same number. Neither factor depends on the micro-batch split or on the number of ranks.
+
+PPO (`algorithm.name: ppo`) adds a value loss on the value head's V_t, per masked token, reduced like the
+policy loss (same reduction and normalizer; R = GAE return, V_old = the scoring pass's values):
+
+    V^clip_t = V_old,t + clip(V_t − V_old,t, −c, c)
+    vl_t     = ½ · max((V_t − R_t)², (V^clip_t − R_t)²)               (½ · (V_t − R_t)² without clipping)
 """
 
 from __future__ import annotations
@@ -273,6 +288,67 @@ def policy_loss(
             metrics["tis_clip_frac"] = _mean((tis >= tis_cap).float(), m)
         if rollout_logprobs is not None:
             metrics["logprob_gap"] = _mean((old - rollout_logprobs.float()).abs(), m)
+    return loss, metrics
+
+
+def dr_grpo_normalizer(num_sequences: float, norm_tokens: int) -> float:
+    """Dr. GRPO's constant loss normalizer: N_seq · L_max (see the module docstring).
+
+    num_sequences: the minibatch's sequences over all ranks (empty ones included: the paper averages
+    over every sampled response); norm_tokens: L_max, the generation budget of one episode."""
+    if norm_tokens < 1:
+        raise ValueError(f"dr_grpo norm_tokens must be >= 1, got {norm_tokens}")
+    if num_sequences < 0:
+        raise ValueError(f"num_sequences must be >= 0, got {num_sequences}")
+    return float(num_sequences) * float(norm_tokens)
+
+
+def value_loss(
+    values: Tensor,
+    old_values: Tensor,
+    returns: Tensor,
+    mask: Tensor,
+    *,
+    clip: float | None = 0.2,
+    reduction: str = "token",
+    normalizer: float | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """PPO's (clipped) value loss of the module docstring, [N, T−1] inputs, and detached metrics.
+
+    Metrics (means over this call's masked tokens): value_loss (mean vl_t), value_mean (mean V_t),
+    value_clip_frac (tokens where the clipped term was the larger one, 0 without clipping), tokens."""
+    shape = values.shape
+    if values.dim() != 2:
+        raise ValueError(f"values must be [N, T-1], got shape {tuple(shape)}")
+    _same_shape(shape, old_values=old_values, returns=returns, mask=mask)
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"unknown reduction {reduction!r}; allowed: {', '.join(REDUCTIONS)}")
+    if clip is not None and clip <= 0:
+        raise ValueError(f"value clip must be > 0 or None, got {clip}")
+    dtype = _compute_dtype(values)
+    keep = mask > 0
+    m = keep.to(dtype)
+    zero = torch.zeros((), dtype=dtype, device=values.device)
+    # where() before any arithmetic: a nan/inf on a masked-out token must not reach the loss or its gradient.
+    v = torch.where(keep, values.to(dtype), zero)
+    ret = torch.where(keep, returns.detach().to(dtype), zero)
+    err = (v - ret).pow(2)
+    if clip is None:
+        per_token = 0.5 * err
+        clipped = torch.zeros_like(keep)
+    else:
+        old = torch.where(keep, old_values.detach().to(dtype), zero)
+        err_clipped = (old + (v - old).clamp(-clip, clip) - ret).pow(2)
+        per_token = 0.5 * torch.maximum(err, err_clipped)
+        clipped = keep & (err_clipped > err)
+    loss = _reduce(per_token, keep, m, reduction, normalizer)
+    with torch.no_grad():
+        metrics = {
+            "value_loss": _mean(per_token, m),
+            "value_mean": _mean(v, m),
+            "value_clip_frac": _mean(clipped.float(), m),
+            "tokens": float(m.sum()),
+        }
     return loss, metrics
 
 

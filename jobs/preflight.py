@@ -406,14 +406,20 @@ def plan_lines(cfg: Config) -> list[str]:
 
     t = cfg.train
     episodes = t.tasks_per_step * t.group_size
+    alg = cfg.algorithm
+    if alg.name == "ppo":
+        advantage = f"GAE (gamma {alg.gamma}, lam {alg.lam}) with a value head"
+    else:
+        advantage = alg.advantage
     lines = [
         f"fine-tune: {cfg.finetune.mode}"
         + (f" (r={cfg.finetune.lora.r}, alpha={cfg.finetune.lora.alpha})" if cfg.finetune.trains_adapter else ""),
         f"rollout backend: {choose_backend(cfg)} ({cfg.rollout.engines} engines, {cfg.rollout.runners} runners, "
         f"{cfg.rollout.mode}{', overlapped with training' if cfg.rollout.overlap else ''})",
         f"learner: {cfg.learner.workers} × {cfg.learner.backend} worker(s), {cfg.learner.dtype}",
-        f"plan: {t.steps} GRPO steps × {t.tasks_per_step} tasks × {t.group_size} episodes = {episodes} episodes/step; "
-        f"{t.epochs} epoch(s) × {t.minibatches} minibatch(es) per step; advantage {cfg.algorithm.advantage}",
+        f"plan: {t.steps} {alg.name.upper()} steps × {t.tasks_per_step} tasks × {t.group_size} episodes = "
+        f"{episodes} episodes/step; {t.epochs} epoch(s) × {t.minibatches} minibatch(es) per step; "
+        f"advantage {advantage}",
     ]
     if cfg.sft_warmup.enabled:
         lines.append(f"warm start: {cfg.sft_warmup.steps} SFT steps × {cfg.sft_warmup.batch_size} expert trajectories")

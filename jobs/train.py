@@ -105,7 +105,10 @@ def greedy(cfg: Config) -> SamplingConfig:
     return cfg.rollout.sampling.model_copy(update={"temperature": 0.0, "top_p": 1.0, "seed": None})
 
 
-def to_samples(trajs: list[Any], advantages: list[float]) -> list[dict[str, Any]]:
+def to_samples(trajs: list[Any], advantages: list[float], ppo: bool = False) -> list[dict[str, Any]]:
+    """The learner's samples; `ppo`: with each turn's reward on its last generated token (grpo.gae)."""
+    from grpo.gae import token_rewards
+
     return [
         {
             "prompt_ids": t.prompt_ids,
@@ -113,6 +116,7 @@ def to_samples(trajs: list[Any], advantages: list[float]) -> list[dict[str, Any]
             "loss_mask": t.loss_mask,
             "rollout_logprobs": t.rollout_logprobs,
             "advantage": float(a),
+            **({"token_rewards": token_rewards(t.loss_mask, t.turn_rewards, t.reward)} if ppo else {}),
         }
         for t, a in zip(trajs, advantages, strict=True)
     ]
@@ -432,16 +436,21 @@ class Driver:
         if not kept:
             log.warning("step %d: every episode failed for infrastructure reasons; nothing to train on", self.step + 1)
             return metrics
+        ppo = cfg.algorithm.name == "ppo"
         with self.tracker.phase("reward"):
-            adv, adv_stats = group_advantages(
-                [t.reward for t in kept],
-                [t.group_id for t in kept],
-                method=cfg.algorithm.advantage,
-                std_normalize=cfg.algorithm.std_normalize,
-            )
+            if ppo:  # per-token advantages come from GAE in the learner: groups play no part (nor their stats)
+                adv, adv_stats = [0.0] * len(kept), {}
+            else:
+                advantages, adv_stats = group_advantages(
+                    [t.reward for t in kept],
+                    [t.group_id for t in kept],
+                    method=cfg.algorithm.advantage,
+                    std_normalize=cfg.algorithm.std_normalize,
+                )
+                adv = advantages.tolist()
         metrics.update({f"adv/{k}": float(v) for k, v in adv_stats.items()})
         with self.tracker.phase("train"):
-            train = await self.learner.train_step(to_samples(kept, adv.tolist()))
+            train = await self.learner.train_step(to_samples(kept, adv, ppo=ppo))
         metrics.update({f"train/{k}": float(v) for k, v in train.items()})
         self.version += 1
         with self.tracker.phase("sync"):

@@ -457,3 +457,98 @@ def test_selective_logits_give_the_full_paths_metrics_and_update(
     assert grpo_a["entropy"] > 0
     for name, value in params_b.items():
         assert torch.allclose(params_a[name], value, rtol=1e-3, atol=1e-5), name
+
+
+def test_dr_grpo_divides_by_a_constant_whatever_the_micro_batches() -> None:
+    """advantage dr_grpo: the loss is Σ tokens / (N_seq · dr_grpo_norm_tokens), not / its token count.
+    fixed_batch(4) has 4 × 5 = 20 trained tokens; with L_max = 10 the constant is 40, so the gradient is
+    20/40 = half the token mean's. The same with 1 or 4 micro-batches. lr ≈ 0: the steps barely move the
+    policy, so the four steps see the same one."""
+    cfg = make_cfg("lora", lr=1e-12)
+    cfg.learner.optim.grad_clip = 1e9  # grad_norm is the norm before clipping; keep clipping out of it
+    cfg.algorithm.dr_grpo_norm_tokens = 10
+    learner = Learner(cfg)
+    learner.setup()
+    batch = fixed_batch(4)
+    token_mean = learner.train_step(batch)["grad_norm"]
+    cfg.algorithm.advantage = "dr_grpo"
+    assert learner.dr_grpo_norm_tokens == 10
+    dr = learner.train_step(batch)
+    cfg.learner.micro_batch_tokens = 64  # one 14-token sample per micro-batch
+    dr_split = learner.train_step(batch)
+    assert dr["grad_norm"] == pytest.approx(0.5 * token_mean, rel=1e-4)
+    assert dr_split["grad_norm"] == pytest.approx(dr["grad_norm"], rel=1e-4)
+    assert dr["policy_loss"] == pytest.approx(dr_split["policy_loss"], rel=1e-4)  # a per-token mean, as before
+    cfg.algorithm.dr_grpo_norm_tokens = None  # the default: the episode's generation budget
+    assert learner.dr_grpo_norm_tokens == cfg.rollout.sampling.max_new_tokens * cfg.generation.max_turns
+
+
+def ppo_batch(n: int = 4) -> list[dict]:
+    """fixed_batch with PPO's per-token rewards: 0.5 for turn 1 (tokens 0-2), 1.0 for turn 2 (tokens 4-5)."""
+    from grpo.gae import token_rewards
+
+    return [{**s, "token_rewards": token_rewards(s["loss_mask"], [0.5, 1.0])} for s in fixed_batch(n)]
+
+
+def make_ppo(mode: str) -> Learner:
+    cfg = make_cfg(mode, lr=1e-2 if mode == "lora" else 1e-3)
+    cfg.algorithm.name = "ppo"
+    cfg.algorithm.kl_coef = 0.01
+    cfg.learner.reference = "ema"  # a moving reference: blended from the policy without its value head
+    learner = Learner(cfg)
+    learner.setup()
+    return learner
+
+
+def value_head(learner: Learner) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in learner.model.named_parameters() if "value_head" in n}
+
+
+def test_ppo_trains_a_value_head_that_checkpoints_resume_and_engines_never_see(tmp_path: Path) -> None:
+    """algorithm.name ppo, LoRA: the value head trains beside the adapter (value_loss falls on a fixed
+    batch), is saved in checkpoints and restored on resume (the next step is then the same), and is
+    neither in the adapter nor in the merged weights pushed to the engines."""
+    first = make_ppo("lora")
+    head = value_head(first)
+    assert set(head) == {"value_head.weight", "value_head.bias"} and all(not t.any() for t in head.values())
+    batch = ppo_batch()
+    history = [first.train_step(batch) for _ in range(3)]
+    for key in ("value_loss", "value_mean", "value_clip_frac", "explained_variance", "returns_mean"):
+        assert all(key in m and m[key] == m[key] for m in history), key
+    assert history[0]["value_mean"] == 0.0  # zero-initialised: V = 0 before the first update
+    assert history[-1]["value_loss"] < history[0]["value_loss"]
+    assert history[-1]["value_mean"] > 0.1  # moving towards the returns (≈ 1.2 here)
+    assert history[0]["returns_mean"] > 1.0
+    assert any(t.any() for t in value_head(first).values())
+
+    adapter = adapter_state_dict(first.export_adapter())
+    assert adapter and not any("value" in k for k in adapter)
+    pushed = [k for chunk in first.iter_weights() for k in chunk]
+    assert pushed and not any("value_head" in k for k in pushed)
+
+    first.save_checkpoint(str(tmp_path / "ckpt"), {})
+    saved_head = value_head(first)
+    expected = first.train_step(batch)
+    expected_head = value_head(first)
+    second = make_ppo("lora")
+    second.load_checkpoint(str(tmp_path / "ckpt"))
+    for name, value in value_head(second).items():
+        assert torch.equal(value, saved_head[name]), name
+    got = second.train_step(batch)
+    for k in ("policy_loss", "value_loss", "value_mean", "explained_variance", "grad_norm"):
+        assert got[k] == expected[k], k
+    for name, value in value_head(second).items():
+        assert torch.equal(value, expected_head[name]), name
+
+    with pytest.raises(ValueError, match="sample 0 has no token_rewards"):
+        second.train_step(fixed_batch())
+
+
+def test_ppo_full_fine_tune_keeps_the_value_head_out_of_the_weights_and_reference() -> None:
+    learner = make_ppo("full")
+    m = learner.train_step(ppo_batch())
+    assert m["value_loss"] > 0 and learner.ref_kind == "model"
+    assert not any("value_head" in n for n, _ in learner.reference.named_parameters())
+    pushed = [k for chunk in learner.iter_weights() for k in chunk]
+    assert "lm_head.weight" in pushed or "model.embed_tokens.weight" in pushed
+    assert not any("value_head" in k for k in pushed)

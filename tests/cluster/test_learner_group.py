@@ -156,3 +156,35 @@ async def test_group_checkpoint_resumes_exactly_and_reshards(ray_cluster, tmp_pa
     loaded = adapter_state_dict(adapter)
     for k, v in adapter_state_dict(saved_adapter).items():
         assert torch.equal(loaded[k], v), k
+
+
+async def test_ppo_on_two_ranks_matches_one_rank(ray_cluster) -> None:
+    """algorithm.name ppo under FSDP2: the value head is sharded with the policy's root, read inside the
+    forward; GAE's whitening and explained variance are over all ranks' tokens, and the losses are
+    normalised globally, so two ranks (uneven shards) train as one rank does."""
+    from grpo.gae import token_rewards
+
+    cfg = make_cfg("lora", lr=3e-3)
+    cfg.algorithm.name = "ppo"
+    cfg.learner.dtype = cfg.model.dtype = "float32"  # bf16 rounding differs between the two layouts
+    rewards = [0.0, 1.0, 0.5, -0.5, 2.0]  # one turn per sample
+    batch = [
+        {**s, "token_rewards": token_rewards(s["loss_mask"], [r])} for s, r in zip(fixed_batch(), rewards, strict=True)
+    ]
+    single_cfg = cfg.model_copy(deep=True)
+    single_cfg.learner.workers = 1
+    single = Learner(single_cfg)
+    single.setup()
+    expected = [single.train_step(batch) for _ in range(2)]
+    del single
+
+    group = LearnerGroup(cfg)
+    try:
+        await group.start()
+        got = [await group.train_step(batch) for _ in range(2)]
+    finally:
+        await group.shutdown()
+    assert expected[1]["value_mean"] != 0  # the head moved in the first step
+    for g, e in zip(got, expected, strict=True):
+        for k in ("policy_loss", "value_loss", "value_mean", "returns_mean", "explained_variance", "grad_norm"):
+            assert g[k] == pytest.approx(e[k], rel=1e-3, abs=1e-5), k

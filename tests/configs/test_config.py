@@ -144,3 +144,17 @@ def test_weight_push_auto_is_merged_only_for_vllm_on_cpu() -> None:
     gpu.rollout.backend = "vllm"
     gpu.rollout.engine_resources.num_gpus = 1
     assert weight_push(gpu) == "adapter"  # GPU LoRA kernels are fast
+
+
+def test_algorithm_options_and_a_group_of_one_only_for_ppo() -> None:
+    cfg = load_config(overrides=["algorithm.advantage=dr_grpo", "algorithm.dr_grpo_norm_tokens=512"])
+    assert cfg.algorithm.name == "grpo" and cfg.algorithm.dr_grpo_norm_tokens == 512
+    ppo = load_config(overrides=["algorithm.name=ppo", "train.group_size=1", "algorithm.value_clip=null"])
+    assert (ppo.algorithm.gamma, ppo.algorithm.lam, ppo.algorithm.value_loss_coef) == (0.99, 0.95, 0.5)
+    assert ppo.train.group_size == 1 and ppo.algorithm.value_clip is None
+    with pytest.raises(ConfigError, match=r"train\.group_size is 1: GRPO needs at least 2"):
+        load_config(overrides=["train.group_size=1"])
+    with pytest.raises(ConfigError, match=r"algorithm\.lam"):
+        load_config(overrides=["algorithm.name=ppo", "algorithm.lam=1.5"])
+    with pytest.raises(ConfigError, match=r"algorithm\.name"):
+        load_config(overrides=["algorithm.name=a2c"])

@@ -26,6 +26,14 @@ def test_grpo_two_groups_of_two() -> None:
     assert stats["reward_mean"] == pytest.approx(0.5) and stats["reward_std"] == pytest.approx(0.5)
 
 
+@pytest.mark.parametrize("std_normalize", [True, False])
+def test_dr_grpo_is_mean_centred_whatever_std_normalize_says(std_normalize: bool) -> None:
+    """Dr. GRPO: r − mean of the group, never divided by the group's std (Liu et al. 2025)."""
+    adv, stats = group_advantages([1.0, 0.0, 3.0, 1.0, 2.0, 2.0], [0, 0, 1, 1, 2, 2], "dr_grpo", std_normalize)
+    close(adv, [0.5, -0.5, 1.0, -1.0, 0.0, 0.0])
+    assert stats["zero_variance_groups"] == 1
+
+
 def test_grpo_group_of_three_uses_population_std() -> None:
     adv, _ = group_advantages([1.0, 0.0, 0.0], [4, 4, 4])
     # mean 1/3, population std sqrt(2/9): (2/3)/sqrt(2/9) = sqrt(2), -(1/3)/sqrt(2/9) = -1/sqrt(2)

@@ -33,6 +33,8 @@ def test_as_sample_accepts_dicts_and_ignores_extra_keys() -> None:
     assert as_sample({"prompt_ids": [1], "response_ids": [], "loss_mask": [], "rollout_logprobs": []}).advantage == 0
     same = Sample([1], [2], [1], [-1.0])
     assert as_sample(same) is same
+    ppo = {"prompt_ids": [1], "response_ids": [2, 3], "loss_mask": [1, 0], "rollout_logprobs": [-0.1, 0.0]}
+    assert as_sample(ppo | {"token_rewards": [1, 0.0]}).token_rewards == [1.0, 0.0]  # PPO's per-token rewards
 
 
 @pytest.mark.parametrize(
@@ -47,6 +49,8 @@ def test_as_sample_accepts_dicts_and_ignores_extra_keys() -> None:
         ({"rollout_logprobs": [0.0, float("nan")]}, r"sample 3: rollout_logprobs\[1\] = nan"),
         ({"advantage": float("inf")}, "sample 3: advantage = inf"),
         ({"response_ids": "ab"}, "sample 3: response_ids must be a list"),
+        ({"token_rewards": [1.0]}, r"sample 3: token_rewards must be a list as long as response_ids \(2\), got 1"),
+        ({"token_rewards": [0.0, float("nan")]}, r"sample 3: token_rewards\[1\] = nan"),
     ],
 )
 def test_as_sample_errors_name_index_and_field(change: dict, message: str) -> None:

@@ -10,12 +10,14 @@ import torch
 import grpo.losses as losses
 from grpo.batch import Sample, pack
 from grpo.losses import (
+    dr_grpo_normalizer,
     entropy_from_logits,
     kl_divergence,
     masked_mean,
     policy_loss,
     sft_loss,
     token_logprobs,
+    value_loss,
 )
 
 LN2 = math.log(2.0)
@@ -227,6 +229,57 @@ def test_micro_batches_sum_to_the_whole_batch(reduction: str) -> None:
     (g_parts,) = torch.autograd.grad(total, logp)
     assert total.item() == pytest.approx(whole.item(), abs=1e-6)
     assert torch.allclose(g_parts, g_whole, atol=1e-7)
+
+
+@pytest.mark.parametrize("splits", [[(0, 6)], [(0, 2), (2, 6)], [(0, 1), (1, 3), (3, 4), (4, 6)]])
+def test_dr_grpo_constant_normalizer_is_the_same_for_any_split(splits: list[tuple[int, int]]) -> None:
+    """Dr. GRPO: Σ_{i,t} m·ℓ / (N_seq · L_max), N_seq = 6 sequences (an empty one included), L_max = 10.
+    Hand case: ρ = 1 (logp = old), A = 1 per sequence, so ℓ_t = −1 and L = −(masked tokens) / 60, the same
+    whatever the micro-batch split (each micro-batch or rank gets the one constant)."""
+    logp = torch.full((6, 5), -1.0, requires_grad=True)
+    mask = torch.zeros(6, 5)
+    lengths = [5, 1, 0, 3, 2, 4]  # 15 generated tokens; sequence 2 generated nothing
+    for i, n in enumerate(lengths):
+        mask[i, :n] = 1
+    norm = dr_grpo_normalizer(6, 10)
+    assert norm == 60.0
+    total = sum(
+        policy_loss(logp[a:b], logp.detach()[a:b], torch.ones(b - a), mask[a:b], normalizer=norm)[0] for a, b in splits
+    )
+    assert total.item() == pytest.approx(-15 / 60)
+    (grad,) = torch.autograd.grad(total, logp)
+    # every generated token's gradient is −A / 60, a long sequence's tokens as much as a short one's
+    assert torch.allclose(grad, -mask / 60)
+    with pytest.raises(ValueError, match="norm_tokens"):
+        dr_grpo_normalizer(6, 0)
+
+
+def test_value_loss_with_and_without_clipping() -> None:
+    """Hand case, clip c = 0.2, one row of three tokens, the middle one masked out (garbage there):
+    token 0: V 1.0, V_old 0.5, R 0.6 → V^clip = 0.7; max((0.4)², (0.1)²) = 0.16 → 0.08 (unclipped term larger)
+    token 2: V 0.0, V_old 0.5, R 1.0 → V^clip = 0.3; max((1.0)², (0.7)²) = 1.0  → 0.5
+    token 2 with R = 0.0:             max((0.0)², (0.3)²) = 0.09 → 0.045 (the clipped term: counted)."""
+    v = torch.tensor([[1.0, float("nan"), 0.0]], requires_grad=True)
+    old = torch.tensor([[0.5, 7.0, 0.5]])
+    mask = torch.tensor([[1.0, 0.0, 1.0]])
+    loss, m = value_loss(v, old, torch.tensor([[0.6, 3.0, 1.0]]), mask, clip=0.2)
+    assert loss.item() == pytest.approx((0.08 + 0.5) / 2)
+    assert m["value_loss"] == pytest.approx(0.29) and m["value_mean"] == pytest.approx(0.5)
+    assert m["value_clip_frac"] == 0.0 and m["tokens"] == 2
+    (grad,) = torch.autograd.grad(loss, v)
+    assert torch.allclose(grad, torch.tensor([[0.4 / 2, 0.0, -1.0 / 2]]))  # (V − R) / 2 tokens
+
+    loss, m = value_loss(v, old, torch.tensor([[0.6, 3.0, 0.0]]), mask, clip=0.2)
+    assert loss.item() == pytest.approx((0.08 + 0.045) / 2) and m["value_clip_frac"] == 0.5
+    (grad,) = torch.autograd.grad(loss, v)
+    assert grad[0, 2] == 0.0  # the clipped term does not depend on V: no gradient (as in PPO)
+
+    loss, m = value_loss(v, old, torch.tensor([[0.6, 3.0, 0.0]]), mask, clip=None, normalizer=4)
+    assert loss.item() == pytest.approx((0.08 + 0.0) / 4) and m["value_clip_frac"] == 0.0
+    with pytest.raises(ValueError, match="clip"):
+        value_loss(v, old, old, mask, clip=0.0)
+    with pytest.raises(ValueError, match="returns"):
+        value_loss(v, old, old[:, :2], mask)
 
 
 def test_truncated_importance_weights() -> None:

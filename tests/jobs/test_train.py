@@ -196,19 +196,32 @@ def test_a_bad_task_file_stops_before_anything_starts(tmp_path: Path) -> None:
 
 def test_overlap_generates_the_next_step_while_this_one_trains(tmp_path: Path, unbroken: Path) -> None:
     """Also rollout.weight_push=merged, with finetune.mode=qlora (a run of its own would cost ~2 min): each
-    step's policy, the adapter over the 4-bit base, reaches the engine as dequantized merged weights."""
+    step's policy, the adapter over the 4-bit base, reaches the engine as dequantized merged weights; and
+    algorithm.name=ppo: the run trains a value head (its metrics logged, its weights in the checkpoints,
+    not in the adapter)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
     data = unbroken.parent.parent / "data"
     overrides = (
         "rollout.overlap=true",
         "sft_warmup.enabled=false",
         "rollout.weight_push=merged",
         "finetune.mode=qlora",
+        "algorithm.name=ppo",
     )
     proc = train(tmp_path, "--run", *(x for o in overrides for x in ("--set", o)), data=data)
     assert "policy push: merged" in proc.stdout and "fine-tune: qlora (r=4, alpha=8)" in proc.stdout
     assert "policy push: adapter" in (unbroken.parents[1] / "stdout.txt").read_text()  # ci-tiny's HF engine: auto
+    assert "2 PPO steps" in proc.stdout and "advantage GAE (gamma 0.99, lam 0.95) with a value head" in proc.stdout
     run_dir = tmp_path / "runs" / "ci-tiny"
     for step in (1, 2):
         m = step_metrics(run_dir, step)
         assert m["rollout/episodes"] == 4 and m["train/tokens"] > 0 and m["sync/latency_s"] > 0
-    assert (run_dir / "final_adapter" / "adapter_model.safetensors").is_file()
+        for key in ("train/value_loss", "train/value_mean", "train/explained_variance", "train/returns_mean"):
+            assert key in m and m[key] == m[key], key  # present and not NaN
+        assert not any(k.startswith("adv/") for k in m)  # no group advantages: the health checks never see them
+    assert "train/value_loss" not in step_metrics(unbroken, 1)  # grpo (ci-tiny's default) has no value head
+    saved = FileSystemReader(str(run_dir / "checkpoints" / "step_2" / "state")).read_metadata().state_dict_metadata
+    assert {"model.value_head.weight", "model.value_head.bias"} <= set(saved)
+    adapter = load_file(str(run_dir / "final_adapter" / "adapter_model.safetensors"))
+    assert adapter and not any("value" in k for k in adapter)
