@@ -9,7 +9,10 @@ this process becomes `python -m vllm.entrypoints.openai.api_server` (same PID: s
 server) with
 - `--enable-auto-tool-choice --tool-call-parser hermes`: our models write
   `<tool_call>{"name": ..., "arguments": ...}</tool_call>` (envs/parsing.py), which the hermes parser turns
-  into OpenAI `tool_calls`; the exported chat template shows `tools=` as training did (envs/chat_template.py);
+  into OpenAI `tool_calls`; the exported chat template shows `tools=` as training did (envs/chat_template.py).
+  Tool names are used as they are, on both sides: ours are `server.tool` (tasks/inventory.py), which vLLM
+  accepts and the model writes as trained. OpenAI's own API allows only [a-zA-Z0-9_-]{1,64}, so a client
+  that checks names against that pattern refuses them (the `openai` package does not check);
 - the served model named after the run (`run_name`), `max_model_len` and `dtype` from the run's config;
 - on CPU, no chunked prefill (a seeded request kills the engine otherwise; see actors/vllm_engine.py).
 
@@ -83,8 +86,9 @@ def vllm_command(
     cmd += ["--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--chat-template-content-format", "string"]
     cmd += ["--generation-config", "vllm"]  # sampling defaults are the request's, not the folder's
     # Guided JSON (response_format, structured_outputs) without free whitespace: training wrote json.dumps
-    # text. vLLM 0.32's own tool-call grammar (named tool_choice) ignores this setting: there a small model
-    # may still pad its arguments with whitespace (tests/jobs/test_serve_model.py says how it copes).
+    # text. vLLM 0.32's own tool-call grammar (a named or "required" tool_choice, or tools with strict
+    # true) ignores this setting: there a small model may pad its arguments with whitespace. With
+    # tool_choice "auto" and no strict tool, the model's own text is parsed (tests/jobs/test_serve_model.py).
     cmd += ["--structured-outputs-config", json.dumps({"backend": "xgrammar", "disable_any_whitespace": True})]
     if cpu:
         cmd += [

@@ -21,15 +21,30 @@ ROOT = Path(__file__).resolve().parents[2]
 STEPS = 2
 
 
-def make_run(folder: Path, mode: str) -> Learner:
-    """A run folder as the driver leaves it, after STEPS real GRPO steps of a tiny-random learner (float32
-    throughout, so the export can be compared exactly)."""
+def tiny_config(name: str, mode: str) -> Config:
+    """A tiny-random run's config, float32 throughout (so an export can be compared exactly)."""
     cfg = Config()
-    cfg.run_name = folder.name
+    cfg.run_name = name
     cfg.model.dtype = "float32"
     cfg.learner.dtype = "float32"
     cfg.finetune.mode = mode
     cfg.finetune.lora.r = 4
+    return cfg
+
+
+def save_run(folder: Path, learner: Learner, steps: int) -> None:
+    """What jobs/train.py leaves in a run folder: config.json, checkpoints/step_N, final_adapter/ (LoRA)."""
+    cfg = learner.cfg
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(cfg.model_dump(mode="json"), indent=2))
+    learner.save_checkpoint(str(folder / "checkpoints" / f"step_{steps}"), {"step": steps, "version": steps})
+    if cfg.finetune.mode == "lora":
+        learner.save_adapter(str(folder / "final_adapter"))
+
+
+def make_run(folder: Path, mode: str) -> Learner:
+    """A run folder as the driver leaves it, after STEPS real GRPO steps of a tiny-random learner."""
+    cfg = tiny_config(folder.name, mode)
     cfg.learner.optim.lr = 1e-2 if mode == "lora" else 1e-3
     learner = Learner(cfg)
     learner.setup()
@@ -46,11 +61,7 @@ def make_run(folder: Path, mode: str) -> Learner:
     ]
     for _ in range(STEPS):
         learner.train_step(batch)
-    folder.mkdir(parents=True)
-    (folder / "config.json").write_text(json.dumps(cfg.model_dump(mode="json"), indent=2))
-    learner.save_checkpoint(str(folder / "checkpoints" / f"step_{STEPS}"), {"step": STEPS, "version": STEPS})
-    if mode == "lora":
-        learner.save_adapter(str(folder / "final_adapter"))
+    save_run(folder, learner, STEPS)
     return learner
 
 

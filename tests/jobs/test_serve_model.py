@@ -1,7 +1,8 @@
 """`python -m jobs.serve_model` as a user starts it (a subprocess on a free loopback port): vLLM's OpenAI
-server on a trained LoRA run's merged export, asked with the `openai` client and tools= from our MCP
-pool's own tool list; the tool call it returns is made against the pool. Also: beyond loopback without
-a token, it refuses to start."""
+server on a run whose policy was trained to call a tool, asked with the `openai` client, tools= from our
+MCP pool's own tool list and tool_choice "auto". The model writes `<tool_call>{...}</tool_call>`; vLLM's
+hermes parser turns it into OpenAI `tool_calls`; the call is made against the pool and its result sent
+back. Also: beyond loopback without a token, it refuses to start; a wrong token is refused."""
 
 from __future__ import annotations
 
@@ -12,7 +13,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -22,9 +26,24 @@ from jobs.serve_model import api_key_for, is_loopback
 from serve_apps.tool_pool import LocalToolPool
 from tasks.inventory import inventory_tools_for_prompt
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from actors.learner import Learner
+
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 150  # export ~10 s, vLLM CPU engine 30-60 s (more on a loaded machine)
+TOKEN = "test-token-123"
 TOOL = "polygon.previous_close"
+ARGUMENTS = {"ticker": "AAPL"}
+QUESTION = [{"role": "user", "content": "What was Apple's previous close?"}]
+# Full fine-tune of tiny-random on the one expert sample: at lr 5e-3 greedy decoding reproduces the call
+# after ~36 steps (0.1 s each on an idle CPU). A LoRA adapter on this 2-layer random model barely moves
+# the logits (loss ~10 after 30 steps at lr 0.1), so the served run is a full one.
+SFT_LR = 5e-3
+MAX_STEPS = 150
+MARGIN = 1.0  # nats between the trained token and the runner-up, at every position: vLLM's kernels agree
+CHECK_BELOW_LOSS = 0.5  # mean NLL (before the step) under which the margin is checked; far above it, futile
 
 
 def test_refuses_to_bind_beyond_loopback_without_a_token() -> None:
@@ -50,22 +69,91 @@ def test_refuses_to_bind_beyond_loopback_without_a_token() -> None:
 
 
 @pytest.fixture(scope="module")
-def lora_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.jobs.test_export import make_run
-
-    run = tmp_path_factory.mktemp("serve") / "served-run"
-    make_run(run, "lora")
-    return run
-
-
-def pool_tools() -> tuple[list[dict], LocalToolPool]:
-    """The offline polygon and fmp servers in this process, and their tools as an episode shows them."""
+def pool() -> Iterator[tuple[list[dict], LocalToolPool]]:
+    """The offline polygon and fmp servers in this process, and their tools as OpenAI `tools=` entries
+    (names as an episode shows them: `server.tool`)."""
     cfg = Config().tools
     for name in ("tavily", "slack", "python"):
         getattr(cfg.servers, name).enabled = False
-    pool = asyncio.run(LocalToolPool.create(cfg))
-    listing = asyncio.run(pool.list_tools())
-    return inventory_tools_for_prompt(listing), pool
+    tool_pool = asyncio.run(LocalToolPool.create(cfg))
+    listing = asyncio.run(tool_pool.list_tools())
+    functions = [
+        {"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters")}}
+        for t in inventory_tools_for_prompt(listing)
+    ]
+    yield functions, tool_pool
+    asyncio.run(tool_pool.close())
+
+
+@dataclass
+class TrainedRun:
+    folder: Path
+    prompt_ids: list[int]  # the question with the tools, as the exported template renders it
+    tokenizer: PreTrainedTokenizerBase
+    steps: int
+
+
+def memorise(learner: Learner, prompt: list[int], target: list[int]) -> int:
+    """Learner.sft_step on the one sample until every target token is the greedy choice by MARGIN; the
+    number of steps (39 here, seeded). A teacher-forced forward checks all positions at once: what greedy
+    decoding would choose at each."""
+    import torch
+
+    ids = torch.tensor([prompt + target])
+    sample = {"prompt_ids": prompt, "response_ids": target, "loss_mask": [1] * len(target)}
+    rows = torch.arange(len(target))
+    for step in range(1, MAX_STEPS + 1):
+        if learner.sft_step([sample])["sft_loss"] > CHECK_BELOW_LOSS:
+            continue
+        learner.model.eval()
+        with torch.no_grad():  # the logits that predict each target token
+            logits = learner.model(input_ids=ids, logits_to_keep=len(target) + 1).logits[0, :-1].float()
+        logp = logits.log_softmax(-1)
+        chosen = logp[rows, target]
+        logp[rows, target] = float("-inf")
+        if (chosen - logp.max(-1).values).min().item() >= MARGIN:
+            return step
+    raise AssertionError(f"the policy did not memorise the call in {MAX_STEPS} sft steps")
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory: pytest.TempPathFactory, pool: tuple[list[dict], LocalToolPool]) -> TrainedRun:
+    """A full fine-tune run of tiny-random, trained (real Learner.sft_step) on ONE expert sample: the
+    question with our pool's tools, rendered by the chat template the export ships (so exactly what the
+    server will render for the same OpenAI request), then the call as training writes calls."""
+    import torch
+
+    from actors.learner import Learner
+    from actors.models import load_tokenizer
+    from envs.chat_template import served_chat_template
+    from envs.parsing import format_tool_call
+    from tests.jobs.test_export import save_run, tiny_config
+
+    functions, _ = pool
+    folder = tmp_path_factory.mktemp("serve") / "served-run"
+    cfg = tiny_config(folder.name, "full")
+    cfg.sft_warmup.lr = SFT_LR
+    tokenizer = load_tokenizer(cfg.model)
+    tokenizer.chat_template = served_chat_template(tokenizer, cfg.env)
+    prompt = tokenizer.apply_chat_template(
+        QUESTION, tools=functions, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    # The template ends an assistant turn with the tokenizer's EOS (<|im_end|>): the server stops there.
+    target = tokenizer.encode(format_tool_call(TOOL, ARGUMENTS), add_special_tokens=False)
+    target += [tokenizer.eos_token_id]
+
+    learner = Learner(cfg)
+    learner.setup()
+    steps = memorise(learner, prompt, target)
+    # The check that matters before serving: transformers' greedy decoding writes the call, then stops.
+    with torch.no_grad():
+        out = learner.model.generate(
+            torch.tensor([prompt]), max_new_tokens=len(target) + 4, do_sample=False, pad_token_id=target[-1]
+        )
+    written = out[0, len(prompt) :].tolist()
+    assert written == target, f"greedy decoding after {steps} steps: {tokenizer.decode(written)!r}"
+    save_run(folder, learner, steps)
+    return TrainedRun(folder, prompt, tokenizer, steps)
 
 
 def wait_ready(url: str, proc: subprocess.Popen, log: Path) -> None:
@@ -84,21 +172,20 @@ def wait_ready(url: str, proc: subprocess.Popen, log: Path) -> None:
     raise AssertionError(f"the server did not answer within {START_TIMEOUT_S} s:\n{log.read_text()[-4000:]}")
 
 
-def test_serves_the_policy_and_its_tool_call_runs_on_the_pool(lora_run: Path, tmp_path: Path) -> None:
-    import openai
-
+@pytest.fixture(scope="module")
+def server(trained_run: TrainedRun, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """`python -m jobs.serve_model --run RUN --port P --api-key-env MY_MODEL_TOKEN`, once for the module:
+    its base URL (…/v1) and its log."""
     port = free_port()
-    log = tmp_path / "server.log"
-    token = "test-token-123"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "MY_MODEL_TOKEN": token}
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "MY_MODEL_TOKEN": TOKEN}
     with log.open("w") as out:
         # Its own session: vLLM's engine core is a child; the whole group is ended by this PID below.
         proc = subprocess.Popen(
             [
                 sys.executable,
-                *("-m", "jobs.serve_model", "--run", str(lora_run), "--port", str(port)),
-                "--api-key-env",
-                "MY_MODEL_TOKEN",
+                *("-m", "jobs.serve_model", "--run", str(trained_run.folder), "--port", str(port)),
+                *("--api-key-env", "MY_MODEL_TOKEN"),
             ],
             cwd=ROOT,
             stdout=out,
@@ -106,76 +193,11 @@ def test_serves_the_policy_and_its_tool_call_runs_on_the_pool(lora_run: Path, tm
             env=env,
             start_new_session=True,
         )
-    tools, pool = pool_tools()
     try:
         url = f"http://127.0.0.1:{port}/v1"
         wait_ready(url, proc, log)
-        assert token not in log.read_text()  # the token stays out of the console and the command line
-
-        with pytest.raises(openai.AuthenticationError):
-            openai.OpenAI(base_url=url, api_key="wrong").models.list()
-        client = openai.OpenAI(base_url=url, api_key=token)
-        assert [m.id for m in client.models.list().data] == [lora_run.name]
-
-        functions = [
-            {
-                "type": "function",
-                "function": {**{k: t[k] for k in ("name", "description", "parameters")}, "strict": True},
-            }
-            for t in tools
-        ]
-        # The tiny random model would never choose a tool by itself, and under a named tool_choice vLLM's
-        # guided JSON lets it pad the arguments with whitespace until max_tokens. So its output is
-        # constrained by a regex (guided decoding) to a call written as our models write them (Hermes,
-        # envs/parsing.py): the form is deterministic, the ticker's letters are still the model's. With
-        # tool_choice auto, vLLM 0.32 replaces such a regex by its own tool grammar (whitespace again), so
-        # tool_choice none: the text comes back as content, and our parser reads the call out of it.
-        call_regex = (
-            r'<tool_call>\{"name": "polygon\.previous_close", "arguments": \{"ticker": "[A-Z]{1,5}"\}\}</tool_call>'
-        )
-        reply = client.chat.completions.create(
-            model=lora_run.name,
-            messages=[{"role": "user", "content": "What was Apple's previous close?"}],
-            tools=functions,
-            tool_choice="none",
-            max_tokens=64,
-            temperature=0,
-            extra_body={"structured_outputs": {"regex": call_regex}},
-        )
-        from envs.parsing import ToolIndex, parse_turn
-
-        text = reply.choices[0].message.content or ""
-        turn = parse_turn(text, ToolIndex({"polygon": {"previous_close": {}}}))
-        assert [c.name for c in turn.calls] == [TOOL] and not turn.errors, text
-        arguments = turn.calls[0].arguments
-        assert set(arguments) == {"ticker"}
-
-        result = asyncio.run(pool.call(TOOL, arguments))
-        # The call reached the server: a real result, or the server's own verdict on the arguments.
-        assert result.ok or result.error_kind == "invalid_arguments", result
-        assert result.text
-
-        # The result goes back as an assistant tool call and a tool message, OpenAI style; the exported
-        # template shows both to the model as training did.
-        follow = client.chat.completions.create(
-            model=lora_run.name,
-            messages=[
-                {"role": "user", "content": "What was Apple's previous close?"},
-                {
-                    "role": "assistant",
-                    "tool_calls": [
-                        {"id": "c1", "type": "function", "function": {"name": TOOL, "arguments": json.dumps(arguments)}}
-                    ],
-                },
-                {"role": "tool", "tool_call_id": "c1", "content": result.text[:500]},
-            ],
-            tools=functions,
-            max_tokens=8,
-            temperature=0,
-        )
-        assert follow.choices[0].finish_reason in ("stop", "length", "tool_calls")
+        yield url, log
     finally:
-        asyncio.run(pool.close())
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)  # the group this test started: the server and its engine core
             try:
@@ -183,3 +205,70 @@ def test_serves_the_policy_and_its_tool_call_runs_on_the_pool(lora_run: Path, tm
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=10)
+
+
+def tokenize(url: str, messages: list[dict], functions: list[dict], *, generation_prompt: bool) -> list[int]:
+    """The server's own rendering + tokenization of a chat request (vLLM's /tokenize)."""
+    import httpx
+
+    body = {"messages": messages, "tools": functions, "add_generation_prompt": generation_prompt}
+    reply = httpx.post(
+        url.removesuffix("/v1") + "/tokenize", json=body, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30
+    )
+    reply.raise_for_status()
+    return reply.json()["tokens"]
+
+
+def test_auth_and_the_servers_rendering_is_the_trained_one(
+    server: tuple[str, Path], trained_run: TrainedRun, pool: tuple[list[dict], LocalToolPool]
+) -> None:
+    import openai
+
+    url, log = server
+    assert TOKEN not in log.read_text()  # the token stays out of the console and the command line
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=url, api_key="wrong").models.list()
+    client = openai.OpenAI(base_url=url, api_key=TOKEN)
+    assert [m.id for m in client.models.list().data] == [trained_run.folder.name]
+    # The OpenAI request reaches the model as the training sample's prompt, token for token.
+    assert tokenize(url, QUESTION, pool[0], generation_prompt=True) == trained_run.prompt_ids
+
+
+def test_the_trained_call_comes_back_as_openai_tool_calls_and_runs_on_the_pool(
+    server: tuple[str, Path], trained_run: TrainedRun, pool: tuple[list[dict], LocalToolPool]
+) -> None:
+    import openai
+
+    from envs.parsing import format_tool_call
+
+    url, log = server
+    functions, tool_pool = pool
+    client = openai.OpenAI(base_url=url, api_key=TOKEN)
+    name = trained_run.folder.name
+    # No structured output and no strict tools: the text is the model's own, read by vLLM's hermes parser.
+    reply = client.chat.completions.create(
+        model=name, messages=QUESTION, tools=functions, tool_choice="auto", max_tokens=64, temperature=0
+    )
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls", (choice, log.read_text()[-2000:])
+    assert not choice.message.content  # all of the text was the call
+    assert len(choice.message.tool_calls) == 1
+    call = choice.message.tool_calls[0]
+    assert call.type == "function" and call.id
+    assert call.function.name == TOOL and json.loads(call.function.arguments) == ARGUMENTS
+
+    result = asyncio.run(tool_pool.call(call.function.name, json.loads(call.function.arguments)))
+    assert result.ok and "AAPL" in result.text, result
+
+    # The result goes back OpenAI style: the assistant's tool call as returned, then a tool message.
+    messages = [
+        *QUESTION,
+        {"role": "assistant", "tool_calls": [call.model_dump(include={"id", "type", "function"})]},
+        {"role": "tool", "tool_call_id": call.id, "content": result.text[:500]},
+    ]
+    # The exported template shows the call to the model as training wrote it (vLLM hands the template
+    # the arguments as a mapping; a JSON string would render as empty arguments).
+    shown = trained_run.tokenizer.decode(tokenize(url, messages, functions, generation_prompt=True))
+    assert format_tool_call(TOOL, ARGUMENTS) in shown and result.text[:100] in shown, shown[-800:]
+    follow = client.chat.completions.create(model=name, messages=messages, tools=functions, max_tokens=8, temperature=0)
+    assert follow.choices[0].finish_reason in ("stop", "length", "tool_calls")
