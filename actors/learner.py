@@ -122,7 +122,13 @@ class Learner:
             self._init_process_group()
         dtype = getattr(torch, self.cfg.learner.dtype)
         self.backend = make_backend(
-            self.cfg.learner.backend, world_size=self.world_size, rank=self.rank, device=self.device, dtype=dtype
+            self.cfg.learner.backend,
+            world_size=self.world_size,
+            rank=self.rank,
+            device=self.device,
+            dtype=dtype,
+            deepspeed=self.cfg.learner.deepspeed,
+            grad_clip=self.cfg.learner.optim.grad_clip,
         )
         tokenizer = load_tokenizer(self.cfg.model)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -138,7 +144,7 @@ class Learner:
         self._trainable = [p for p in self.model.parameters() if p.requires_grad]
         if not self._trainable:
             raise ValueError("Learner: the model has no trainable parameters (check finetune.lora.target_modules)")
-        self.optimizer = self._adamw(self.cfg.learner.optim.lr)
+        self.optimizer = self.backend.prepare(self.model, self._adamw(self.cfg.learner.optim.lr))
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         n_params = sum(self._numel(p) for p in self.model.parameters())
         n_train = sum(self._numel(p) for p in self._trainable)
@@ -302,7 +308,8 @@ class Learner:
 
     @staticmethod
     def _numel(p: torch.Tensor) -> int:
-        shape = getattr(p, "shape", None)  # a DTensor's shape is the whole tensor's
+        # A DTensor's shape is the whole tensor's; a ZeRO-3 parameter keeps its whole shape in ds_shape.
+        shape = getattr(p, "ds_shape", None) or getattr(p, "shape", None)
         return int(math.prod(shape)) if shape is not None else p.numel()
 
     # ------------------------------------------------------------------ training
@@ -386,11 +393,9 @@ class Learner:
             packed = self._pack(micro)
             logp, _ = self._token_logprobs(self.model, packed)
             loss, m = sft_loss(logp, packed["loss_mask"], normalizer=normalizer)
-            (loss * self.backend.grad_scale).backward()
+            self.backend.backward(loss)
             _accumulate(sums, weights, {"sft_loss": m["sft_loss"]}, m["tokens"])
-        norm = self.backend.clip_grad_norm(self._trainable, self.cfg.learner.optim.grad_clip)
-        self._sft_optimizer.step()
-        self._sft_optimizer.zero_grad(set_to_none=True)
+        norm = self.backend.step(self._sft_optimizer, self._trainable, self.cfg.learner.optim.grad_clip)
         batch_tokens = float(sum(s.num_tokens for s in batch))
         totals = self._all_reduce_sum(
             [sums.get("sft_loss", 0.0), weights.get("sft_loss", 0.0), float(len(batch)), batch_tokens]
@@ -533,15 +538,13 @@ class Learner:
                 tis_cap=alg.tis_cap,
                 normalizer=normalizer,
             )
-            (loss * self.backend.grad_scale).backward()
+            self.backend.backward(loss)
             keys = ("policy_loss", "kl", "ratio_mean", "ratio_std", "clip_frac", "logprob_gap")
             _accumulate(sums, weights, {k: m[k] for k in keys if k in m}, m["tokens"])
             if "entropy" in m:
                 _accumulate(sums, weights, {"entropy": m["entropy"]}, m["tokens"])
-        norm = self.backend.clip_grad_norm(self._trainable, self.cfg.learner.optim.grad_clip)
-        self.optimizer.step()
+        norm = self.backend.step(self.optimizer, self._trainable, self.cfg.learner.optim.grad_clip)
         self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
         return self._reduce_weighted(sums, weights), norm
 
     def _reduce_weighted(self, sums: dict[str, float], weights: dict[str, float]) -> dict[str, float]:
@@ -607,7 +610,8 @@ class Learner:
             keep = torch.zeros(ids.shape, dtype=torch.bool)
             keep[:, :-1] = packed["loss_mask"] > 0
         with self.backend.compute(), _output_layer_at(model, keep):
-            logits = model(
+            logits = self.backend.forward(
+                model,
                 input_ids=ids.to(device or self.device),
                 attention_mask=packed["attention_mask"].to(device or self.device),
                 use_cache=False,

@@ -553,11 +553,57 @@ class OptimConfig(Strict):
     grad_clip: float = Field(1.0, gt=0)
 
 
+class DeepspeedConfig(Strict):
+    """`learner.backend: deepspeed`: DeepSpeed ZeRO over the learner's torch.distributed group."""
+
+    stage: Literal[2, 3] = Field(
+        2, description="ZeRO stage: 2 shards optimizer state and gradients; 3 shards the parameters as well."
+    )
+    config: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Extra DeepSpeed config keys merged into the one mcprl builds (e.g. offload_optimizer, "
+        "reduce_bucket_size under zero_optimization). Batch sizes, optimizer, scheduler, gradient clipping and "
+        "gradient accumulation are the learner's own and cannot be set here.",
+    )
+
+    @field_validator("config")
+    @classmethod
+    def _not_ours(cls, value: dict[str, Any]) -> dict[str, Any]:
+        owned = sorted(set(value) & DEEPSPEED_OWNED_KEYS)
+        if owned:
+            raise ValueError(
+                f"learner.deepspeed.config: {owned} are set by the learner (from learner.optim and "
+                "learner.micro_batch_tokens); remove them"
+            )
+        return value
+
+
+# DeepSpeed config keys the learner derives itself (actors/sharding.py, DeepspeedBackend).
+DEEPSPEED_OWNED_KEYS = frozenset(
+    {
+        "train_batch_size",
+        "train_micro_batch_size_per_gpu",
+        "gradient_accumulation_steps",
+        "managed_gradient_accumulation",
+        "gradient_clipping",
+        "optimizer",
+        "scheduler",
+        "bf16",
+        "fp16",
+    }
+)
+
+
 class LearnerConfig(Strict):
-    """The learner group: L workers, torch.distributed + FSDP2 (DeepSpeed later)."""
+    """The learner group: L workers, torch.distributed + FSDP2 or DeepSpeed ZeRO."""
 
     workers: int = Field(1, ge=1, description="Ranks, PACKed in one placement group (one node when they fit).")
-    backend: Literal["fsdp2"] = Field("fsdp2", description="Sharding backend; deepspeed joins later.")
+    backend: Literal["fsdp2", "deepspeed"] = Field(
+        "fsdp2",
+        description="Sharding backend at world size > 1: fsdp2 (torch's fully_shard) or deepspeed (ZeRO 2/3, "
+        "`learner.deepspeed`; needs the `deepspeed` extra). One rank shards nothing: the plain backend.",
+    )
+    deepspeed: DeepspeedConfig = Field(default_factory=DeepspeedConfig, description="learner.backend: deepspeed.")
     worker_resources: Resources = Field(
         default_factory=Resources,
         description="What each rank reserves (older spelling: num_cpus_per_worker, num_gpus_per_worker).",
@@ -688,3 +734,22 @@ class Config(Strict):
     train: TrainConfig = Field(default_factory=TrainConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+
+    @model_validator(mode="after")
+    def _deepspeed_fits(self) -> Config:
+        """What the DeepSpeed backend cannot do (actors/sharding.py, DeepspeedBackend), before anything starts."""
+        ln = self.learner
+        if ln.backend != "deepspeed" or ln.workers == 1:
+            return self
+        if self.sft_warmup.enabled:
+            raise ValueError(
+                "learner.backend deepspeed with sft_warmup.enabled: the warm start trains with its own optimizer, "
+                "and a DeepSpeed engine owns exactly one; use learner.backend fsdp2 for a warm-started run"
+            )
+        full_ref = self.finetune.mode == "full" and self.algorithm.kl_coef > 0 and not ln.reference_cpu_offload
+        if ln.deepspeed.stage == 3 and full_ref:
+            raise ValueError(
+                "learner.deepspeed.stage 3 with finetune.mode full and algorithm.kl_coef > 0: the reference copy "
+                "is not partitioned by ZeRO-3; set learner.reference_cpu_offload: true (or use stage 2)"
+            )
+        return self
