@@ -38,9 +38,11 @@ Three backends:
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -307,7 +309,9 @@ class DeepspeedBackend(NoShardBackend):
         self.grad_clip = grad_clip
         self.engine: Any = None
         self._policy: nn.Module | None = None
-        self._optimizer: Any = None
+        self._optimizer: Any = None  # the torch optimizer inside the engine
+        # The moments of other optimizers stepped through the engine (the warm start's), while they live.
+        self._stashed: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
         self._ds = import_deepspeed()
         # DeepSpeed reads the device index from LOCAL_RANK, which its launcher sets and Ray does not.
         os.environ["LOCAL_RANK"] = str(device.index or 0)
@@ -369,15 +373,38 @@ class DeepspeedBackend(NoShardBackend):
         raise NotImplementedError("DeepspeedBackend: the engine clips in step() (gradients live in its partitions)")
 
     def step(self, optimizer: torch.optim.Optimizer, params: Iterable[torch.Tensor], max_norm: float) -> float:
-        if optimizer is not self._optimizer:
-            raise ValueError(
-                "learner.backend deepspeed: the engine steps only the optimizer it was built with (one per run)"
-            )
         if max_norm != self.grad_clip:
             raise ValueError(f"DeepspeedBackend.step: max_norm {max_norm} differs from the engine's {self.grad_clip}")
-        self.engine.step()  # reduce-scatter, global norm, clip, optimizer step, zero the gradients
+        with self._stepping_as(optimizer):
+            self.engine.step()  # reduce-scatter, global norm, clip, optimizer step, zero the gradients
         norm = self.engine.get_global_grad_norm()
         return float(norm) if norm is not None else 0.0
+
+    @contextlib.contextmanager
+    def _stepping_as(self, optimizer: torch.optim.Optimizer) -> Iterator[None]:
+        """While open, the engine's torch optimizer steps as `optimizer`: its hyperparameters, its own moments.
+
+        An engine has one optimizer, but the learner's supervised warm start trains with a second AdamW (its
+        own lr, fresh moments) over the same parameters. For its steps the engine's optimizer (whose
+        parameters are ZeRO's flat partitions) takes its settings and its moments (kept here between steps),
+        then gets its own back. `optimizer` itself never steps: its parameters are not the partitions."""
+        inner = self._optimizer
+        if optimizer is inner:
+            yield
+            return
+        if len(optimizer.param_groups) != 1:
+            raise ValueError("learner.backend deepspeed: a second optimizer must have one parameter group")
+        own_state, own_settings = inner.state, [_settings(g) for g in inner.param_groups]
+        inner.state = self._stashed.pop(optimizer, collections.defaultdict(dict))
+        for group in inner.param_groups:
+            group.update(_settings(optimizer.param_groups[0]))
+        try:
+            yield
+        finally:
+            self._stashed[optimizer] = inner.state
+            inner.state = own_state
+            for group, settings in zip(inner.param_groups, own_settings, strict=True):
+                group.update(settings)
 
     def local(self, tensor: torch.Tensor) -> torch.Tensor:
         return getattr(tensor, "ds_tensor", tensor)  # ZeRO-3: this rank's partition
@@ -438,6 +465,11 @@ class DeepspeedBackend(NoShardBackend):
 
 
 _DS_TAG = "zero"  # the engine's checkpoint subfolder
+
+
+def _settings(group: dict[str, Any]) -> dict[str, Any]:
+    """An optimizer parameter group's hyperparameters (lr, betas, ...), without its parameters."""
+    return {k: v for k, v in group.items() if k != "params"}
 
 
 def _trains(model: nn.Module, name: str) -> bool:

@@ -741,11 +741,6 @@ class Config(Strict):
         ln = self.learner
         if ln.backend != "deepspeed" or ln.workers == 1:
             return self
-        if self.sft_warmup.enabled:
-            raise ValueError(
-                "learner.backend deepspeed with sft_warmup.enabled: the warm start trains with its own optimizer, "
-                "and a DeepSpeed engine owns exactly one; use learner.backend fsdp2 for a warm-started run"
-            )
         full_ref = self.finetune.mode == "full" and self.algorithm.kl_coef > 0 and not ln.reference_cpu_offload
         if ln.deepspeed.stage == 3 and full_ref:
             raise ValueError(

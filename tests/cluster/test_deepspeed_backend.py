@@ -3,17 +3,22 @@ checkpoints that resume exactly; and the errors for what it does not do."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import sys
 
 import pytest
 import torch
 
-from actors.models import load_causal_lm
+from actors.sharding import DeepspeedBackend, NoShardBackend, make_backend
 from cluster.learner_group import LearnerGroup
-from configs.schema import Config
+from configs.loader import ConfigError, load_config
+from configs.schema import Config, DeepspeedConfig
 from tests.cluster.test_learner_group import fixed_batch, make_cfg, mean_logprob
 
-pytest.importorskip("deepspeed")
+requires_deepspeed = pytest.mark.skipif(
+    importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed (extra `deepspeed`)"
+)
 
 
 def ds_cfg(mode: str, stage: int, lr: float) -> Config:
@@ -23,49 +28,94 @@ def ds_cfg(mode: str, stage: int, lr: float) -> Config:
     return cfg
 
 
-async def train_save_resume(cfg: Config, tmp_path) -> tuple[list[dict], list[dict]]:
-    """Three steps (checkpoint after the first), then a fresh group loads it and runs the last two again.
-    Returns the first group's and the second group's (metrics, score) of those two steps."""
+async def train_save_resume(cfg: Config, tmp_path, sft: bool) -> tuple[dict, list[dict]]:
+    """(Warm start,) a step, a checkpoint, a step; then the checkpoint is loaded (over everything the second
+    step changed: parameters, ZeRO optimizer partitions, reference, schedule, RNG) and that step runs again.
+    Returns scores and metrics: before, [the second step's, its rerun's]."""
     batch = fixed_batch()
     folder = str(tmp_path / "ckpt")
-    first, second = [], []
+    runs = []
     group = LearnerGroup(cfg)
     try:
         info = await group.start()
         assert info["world_size"] == 2 and info["backend"] == "deepspeed"
-        first.append({"score": await group.score(batch)})
-        await group.train_step(batch)
+        before = {"score": await group.score(batch)}
+        if sft:
+            rows = [{k: s[k] for k in ("prompt_ids", "response_ids", "loss_mask")} for s in batch]
+            before["sft_losses"] = [(await group.sft_step(rows))["sft_loss"] for _ in range(2)]
+        before["metrics"] = await group.train_step(batch)
         await group.save_checkpoint(folder, {"data_position": 5})
-        for _ in range(2):
-            first.append({"metrics": await group.train_step(batch), "score": await group.score(batch)})
+        for load in (False, True):
+            if load:
+                assert await group.load_checkpoint(folder) == {"data_position": 5}
+            runs.append({"metrics": await group.train_step(batch), "score": await group.score(batch)})
     finally:
         await group.shutdown()
-    group = LearnerGroup(cfg)
-    try:
-        await group.start()
-        assert await group.load_checkpoint(folder) == {"data_position": 5}
-        for _ in range(2):
-            second.append({"metrics": await group.train_step(batch), "score": await group.score(batch)})
-    finally:
-        await group.shutdown()
-    return first, second
+    return before, runs
 
 
-@pytest.mark.parametrize("mode,stage", [("lora", 2), ("full", 3)])
+# The KL reference moves by EMA and is checkpointed. ZeRO-3 with LoRA: the frozen base is partitioned too,
+# and the reference adapter's partitions are blended in place and saved beside the engine's checkpoint.
+# ZeRO-2 with a full fine-tune: the reference is a whole frozen copy on each rank.
+@requires_deepspeed
+@pytest.mark.parametrize("mode,stage", [("lora", 3), ("full", 2)])
 async def test_deepspeed_group_learns_and_resumes_exactly(ray_cluster, tmp_path, mode: str, stage: int) -> None:
     cfg = ds_cfg(mode, stage, lr=3e-3 if mode == "lora" else 1e-3)
-    if mode == "lora":
-        cfg.algorithm.kl_coef = 0.1
-        cfg.learner.reference = "ema"  # the frozen reference adapter is saved and restored too
-    first, second = await train_save_resume(cfg, tmp_path)
+    cfg.algorithm.kl_coef = 0.1
+    cfg.learner.reference = "ema"
+    before, (first, second) = await train_save_resume(cfg, tmp_path, sft=mode == "lora")
 
-    before, after = mean_logprob(first[0]["score"]), mean_logprob(first[-1]["score"])
-    assert after > before + 0.1  # the chosen tokens became likelier
-    metrics = first[1]["metrics"]
-    assert metrics["samples"] == 5 and metrics["grad_norm"] > 0
-    for got, want in zip(second, first[1:], strict=True):
-        assert got["score"] == want["score"]
-        for k in ("policy_loss", "grad_norm", "ratio_mean", "lr"):
-            assert got["metrics"][k] == want["metrics"][k], k
-        if mode == "lora":
-            assert got["metrics"]["kl"] == want["metrics"]["kl"]
+    if mode == "lora":  # the warm start steps with its own optimizer through the same engine
+        assert before["sft_losses"][1] < before["sft_losses"][0] - 0.05
+    assert mean_logprob(first["score"]) > mean_logprob(before["score"]) + 0.1  # the chosen tokens got likelier
+    assert before["metrics"]["samples"] == 5 and before["metrics"]["grad_norm"] > 0
+    assert before["metrics"]["lr"] == cfg.learner.optim.lr  # the RL optimizer's, not the warm start's
+    assert second["score"] == first["score"]
+    for k in ("policy_loss", "kl", "grad_norm", "ratio_mean", "lr"):
+        assert second["metrics"][k] == first["metrics"][k], k
+    assert first["metrics"]["kl"] > 0  # the reference trails the policy, and resumed where it was
+
+
+DS = ["learner.backend=deepspeed", "learner.workers=2"]
+
+
+def test_config_refuses_what_deepspeed_cannot_do() -> None:
+    with pytest.raises(ConfigError, match=r"learner\.deepspeed\.config.*gradient_clipping.*learner\.optim"):
+        load_config(None, [*DS, 'learner.deepspeed.config={"gradient_clipping": 2.0}'])
+    with pytest.raises(ConfigError, match=r"learner\.deepspeed\.stage"):
+        load_config(None, [*DS, "learner.deepspeed.stage=1"])
+    full_kl = [*DS, "learner.deepspeed.stage=3", "finetune.mode=full", "algorithm.kl_coef=0.1"]
+    with pytest.raises(ConfigError, match="reference_cpu_offload: true"):
+        load_config(None, full_kl)
+    assert load_config(None, [*full_kl, "learner.reference_cpu_offload=true"]).learner.deepspeed.stage == 3
+    assert load_config(None, ["learner.backend=deepspeed", "learner.workers=1", "finetune.mode=full"])
+
+
+def test_one_rank_shards_nothing_and_a_missing_deepspeed_says_how_to_install(monkeypatch) -> None:
+    kw = {"rank": 0, "device": torch.device("cpu"), "dtype": torch.float32}
+    assert isinstance(make_backend("deepspeed", world_size=1, **kw), NoShardBackend)
+    with pytest.raises(ValueError, match=r"unknown sharding backend 'zero'.*fsdp2, deepspeed"):
+        make_backend("zero", world_size=2, **kw)
+    monkeypatch.setitem(sys.modules, "deepspeed", None)  # `import deepspeed` now fails
+    with pytest.raises(ImportError, match=r"learner.backend deepspeed needs the deepspeed package.*\[deepspeed\]"):
+        make_backend("deepspeed", world_size=2, **kw)
+
+
+@requires_deepspeed
+def test_the_engine_config_keeps_the_learners_keys(monkeypatch) -> None:
+    monkeypatch.setenv("LOCAL_RANK", "7")  # restored after the test
+    options = DeepspeedConfig(stage=3, config={"zero_optimization": {"stage": 1, "reduce_bucket_size": 1000}})
+    backend = make_backend(
+        "deepspeed",
+        world_size=2,
+        rank=1,
+        device=torch.device("cpu"),
+        dtype=torch.bfloat16,
+        deepspeed=options,
+        grad_clip=0.5,
+    )
+    assert isinstance(backend, DeepspeedBackend) and backend.grad_scale == 2.0
+    assert os.environ["LOCAL_RANK"] == "0"  # DeepSpeed's device index; Ray gives each rank its own device
+    config = backend.config()
+    assert config["zero_optimization"] == {"stage": 3, "reduce_bucket_size": 1000}
+    assert config["gradient_clipping"] == 0.5 and config["managed_gradient_accumulation"] is False
