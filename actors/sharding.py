@@ -315,6 +315,11 @@ class DeepspeedBackend(NoShardBackend):
         self._ds = import_deepspeed()
         # DeepSpeed reads the device index from LOCAL_RANK, which its launcher sets and Ray does not.
         os.environ["LOCAL_RANK"] = str(device.index or 0)
+        if device.type == "cpu":
+            # On CPU its comm layer JIT-compiles a shared-memory all-reduce when it starts (~30 s on 2 cores,
+            # and it needs g++ with OpenMP); only its inference all-reduce uses it, and training never does.
+            # Marked unavailable, DeepSpeed keeps to torch.distributed (gloo).
+            self._ds.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
     def config(self) -> dict[str, Any]:
         """The DeepSpeed config: the learner's own keys, then `learner.deepspeed.config` merged in."""
