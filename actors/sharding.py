@@ -284,9 +284,10 @@ class Fsdp2Backend(_Common):
 class DeepspeedBackend(NoShardBackend):
     """DeepSpeed ZeRO-2/3 over the learner's process group (see the module docstring).
 
-    `wrap` places the model (the first one wrapped is the policy; with ZeRO-2 a second one, a full
-    fine-tune's KL reference, stays whole on every rank); `prepare` builds the engine, which partitions the
-    optimizer state and gradients (and with ZeRO-3 the parameters, frozen ones included)."""
+    `wrap` places the model (the first one wrapped is the policy; a second one, a full fine-tune's frozen KL
+    reference, stays whole on every rank with ZeRO-2 and is partitioned with ZeRO-3); `prepare` builds the
+    engine, which partitions the optimizer state and gradients (and with ZeRO-3 the parameters, frozen
+    ones included)."""
 
     name = "deepspeed"
 
@@ -324,7 +325,11 @@ class DeepspeedBackend(NoShardBackend):
     def config(self) -> dict[str, Any]:
         """The DeepSpeed config: the learner's own keys, then `learner.deepspeed.config` merged in."""
         extra = dict(self.options.config)
-        zero = {**extra.pop("zero_optimization", {}), "stage": self.options.stage}
+        # ZeRO-3 keeps no parameter whole between forwards (persistence threshold 0): each partition is then
+        # the only copy, which the reference refresh blends in place (`local`). A run whose KL reference does
+        # not move may raise it for fewer small gathers.
+        persist = {"stage3_param_persistence_threshold": 0} if self.options.stage == 3 else {}
+        zero = {**persist, **extra.pop("zero_optimization", {}), "stage": self.options.stage}
         return {
             # Batch sizes only feed DeepSpeed's throughput logging: the learner splits batches itself.
             "train_micro_batch_size_per_gpu": 1,
@@ -340,14 +345,15 @@ class DeepspeedBackend(NoShardBackend):
         }
 
     def wrap(self, model: nn.Module) -> nn.Module:
+        model = super().wrap(model)
         if self._policy is None:
             self._policy = model
         elif self.options.stage == 3:
-            raise ValueError(
-                "learner.deepspeed.stage 3 partitions only the policy: keep a full fine-tune's KL reference on the "
-                "CPU (learner.reference_cpu_offload: true) or use stage 2"
-            )
-        return super().wrap(model)
+            # A frozen model (a full fine-tune's KL reference) partitioned like the policy: an engine without
+            # an optimizer. Each rank's partitions then pair up with the policy's (`local`, reference refresh).
+            config = {k: v for k, v in self.config().items() if k != "gradient_clipping"}
+            self._ds.initialize(model=model, config=config, dist_init_required=False)
+        return model
 
     def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         if model is not self._policy:
@@ -412,7 +418,16 @@ class DeepspeedBackend(NoShardBackend):
                 group.update(settings)
 
     def local(self, tensor: torch.Tensor) -> torch.Tensor:
-        return getattr(tensor, "ds_tensor", tensor)  # ZeRO-3: this rank's partition
+        """ZeRO-3: this rank's partition, the parameter's only up-to-date copy between forwards."""
+        if not hasattr(tensor, "ds_id"):
+            return tensor
+        if tensor.ds_persist:  # kept whole too: a write to the partition would not reach the forward
+            raise ValueError(
+                "learner.deepspeed.config: a moving KL reference (learner.reference ema/periodic, or a warm start) "
+                "needs zero_optimization.stage3_param_persistence_threshold 0 (ZeRO-3 keeps small parameters "
+                "whole, apart from their partitions)"
+            )
+        return tensor.ds_tensor
 
     def named_full_tensors(
         self, model: nn.Module, keep: Callable[[str], bool], all_ranks: bool = False
@@ -427,24 +442,20 @@ class DeepspeedBackend(NoShardBackend):
 
     def save(self, folder: str, model: nn.Module, optimizer: Any | None, keep: Callable[[str], bool]) -> None:
         """The engine's checkpoint (trained parameters, ZeRO optimizer partitions) and, in `frozen.pt`, the
-        frozen parameters `keep` asks for (a LoRA run's KL reference adapter); another model: DCP."""
-        import torch
+        frozen parameters `keep` asks for (a LoRA run's KL reference adapter); another (frozen) model: its
+        parameters, gathered into `frozen.pt`."""
 
-        if self._engine_for(model) is None:
-            return super().save(folder, model, optimizer, keep)
+        if self._engine_for(model) is None:  # a frozen model: its parameters, gathered
+            return self._save_gathered(os.path.join(folder, _FROZEN), model, keep)
         self.engine.save_checkpoint(
             folder, tag=_DS_TAG, client_state={}, save_latest=False, exclude_frozen_parameters=True
         )
-        frozen = dict(self.named_full_tensors(model, lambda n: keep(n) and not _trains(model, n)))
-        if self.rank == 0:
-            torch.save(frozen, os.path.join(folder, "frozen.pt"))
-        torch.distributed.barrier()  # rank 0 has written frozen.pt
+        self._save_gathered(os.path.join(folder, _FROZEN), model, lambda n: keep(n) and not _trains(model, n))
 
     def load(self, folder: str, model: nn.Module, optimizer: Any | None, keep: Callable[[str], bool]) -> None:
-        import torch
 
         if self._engine_for(model) is None:
-            return super().load(folder, model, optimizer, keep)
+            return self._load_gathered(os.path.join(folder, _FROZEN), model)
         if not os.path.isdir(os.path.join(folder, _DS_TAG)):
             raise FileNotFoundError(
                 f"{folder} holds no DeepSpeed checkpoint (no {_DS_TAG}/): saved by another backend?"
@@ -458,10 +469,25 @@ class DeepspeedBackend(NoShardBackend):
         )
         if path is None:
             raise FileNotFoundError(f"DeepSpeed found no checkpoint to load in {folder}")
-        frozen = torch.load(os.path.join(folder, "frozen.pt"), weights_only=True)
+        self._load_gathered(os.path.join(folder, _FROZEN), model)
+
+    def _save_gathered(self, path: str, model: nn.Module, keep: Callable[[str], bool]) -> None:
+        """The parameters `keep` accepts, whole, in one file that rank 0 writes (a collective)."""
+        import torch
+
+        tensors = dict(self.named_full_tensors(model, keep))
+        if self.rank == 0:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            torch.save(tensors, path)
+        torch.distributed.barrier()  # the file is complete before any rank goes on
+
+    def _load_gathered(self, path: str, model: nn.Module) -> None:
+        """`_save_gathered`'s file back into `model` (a collective for ZeRO-3 parameters)."""
+        import torch
+
         params = dict(model.named_parameters())
         with torch.no_grad():
-            for name, value in frozen.items():
+            for name, value in torch.load(path, weights_only=True).items():
                 param = params[name]
                 # ZeRO-3: gathered, written on rank 0, partitioned again from rank 0's copy.
                 with self._ds.zero.GatheredParameters([param], modifier_rank=0, enabled=hasattr(param, "ds_id")):
@@ -470,6 +496,7 @@ class DeepspeedBackend(NoShardBackend):
 
 
 _DS_TAG = "zero"  # the engine's checkpoint subfolder
+_FROZEN = "frozen.pt"  # frozen parameters that a checkpoint keeps (not in the engine's)
 
 
 def _settings(group: dict[str, Any]) -> dict[str, Any]:

@@ -734,17 +734,3 @@ class Config(Strict):
     train: TrainConfig = Field(default_factory=TrainConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
-
-    @model_validator(mode="after")
-    def _deepspeed_fits(self) -> Config:
-        """What the DeepSpeed backend cannot do (actors/sharding.py, DeepspeedBackend), before anything starts."""
-        ln = self.learner
-        if ln.backend != "deepspeed" or ln.workers == 1:
-            return self
-        full_ref = self.finetune.mode == "full" and self.algorithm.kl_coef > 0 and not ln.reference_cpu_offload
-        if ln.deepspeed.stage == 3 and full_ref:
-            raise ValueError(
-                "learner.deepspeed.stage 3 with finetune.mode full and algorithm.kl_coef > 0: the reference copy "
-                "is not partitioned by ZeRO-3; set learner.reference_cpu_offload: true (or use stage 2)"
-            )
-        return self
