@@ -418,15 +418,21 @@ class DeepspeedBackend(NoShardBackend):
                 group.update(settings)
 
     def local(self, tensor: torch.Tensor) -> torch.Tensor:
-        """ZeRO-3: this rank's partition, the parameter's only up-to-date copy between forwards."""
+        """ZeRO-3: this rank's partition, the parameter's only up-to-date copy (writable: the next forward
+        gathers from it). A whole copy still gathered from an earlier forward is freed first, or a write to
+        the partition would not reach the forward."""
+        from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
         if not hasattr(tensor, "ds_id"):
             return tensor
-        if tensor.ds_persist:  # kept whole too: a write to the partition would not reach the forward
+        if tensor.ds_persist:
             raise ValueError(
                 "learner.deepspeed.config: a moving KL reference (learner.reference ema/periodic, or a warm start) "
-                "needs zero_optimization.stage3_param_persistence_threshold 0 (ZeRO-3 keeps small parameters "
-                "whole, apart from their partitions)"
+                "needs zero_optimization.stage3_param_persistence_threshold 0 (else ZeRO-3 keeps small "
+                "parameters whole, apart from their partitions)"
             )
+        if tensor.ds_status == ZeroParamStatus.AVAILABLE:
+            tensor.partition()  # frees the whole copy; the partition is kept
         return tensor.ds_tensor
 
     def named_full_tensors(
