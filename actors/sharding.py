@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import glob
 import os
 import warnings
 import weakref
@@ -465,6 +466,12 @@ class DeepspeedBackend(NoShardBackend):
         if not os.path.isdir(os.path.join(folder, _DS_TAG)):
             raise FileNotFoundError(
                 f"{folder} holds no DeepSpeed checkpoint (no {_DS_TAG}/): saved by another backend?"
+            )
+        saved_by = len(glob.glob(os.path.join(folder, _DS_TAG, "*_optim_states.pt")))
+        if optimizer is not None and saved_by != self.world_size:
+            raise ValueError(
+                f"a DeepSpeed checkpoint of {saved_by} rank(s) resumes only at learner.workers {saved_by} "
+                f"(this group has {self.world_size})"
             )
         path, _ = self.engine.load_checkpoint(
             folder,

@@ -562,8 +562,11 @@ class DeepspeedConfig(Strict):
     config: dict[str, Any] = Field(
         default_factory=dict,
         description="Extra DeepSpeed config keys merged into the one mcprl builds (e.g. offload_optimizer, "
-        "reduce_bucket_size under zero_optimization). Batch sizes, optimizer, scheduler, gradient clipping and "
-        "gradient accumulation are the learner's own and cannot be set here.",
+        "reduce_bucket_size under zero_optimization). Batch sizes, optimizer, scheduler, gradient clipping, "
+        "gradient accumulation and precision (learner.dtype) are the learner's own and cannot be set here. "
+        "ZeRO-3 runs with stage3_param_persistence_threshold 0 (no parameter kept whole, so that a moving KL "
+        "reference blends partitions in place); a run with a fixed reference may raise it. A DeepSpeed "
+        "checkpoint resumes at the same learner.workers and stage.",
     )
 
     @field_validator("config")
@@ -572,8 +575,8 @@ class DeepspeedConfig(Strict):
         owned = sorted(set(value) & DEEPSPEED_OWNED_KEYS)
         if owned:
             raise ValueError(
-                f"learner.deepspeed.config: {owned} are set by the learner (from learner.optim and "
-                "learner.micro_batch_tokens); remove them"
+                f"learner.deepspeed.config: {owned} are set by the learner (from learner.optim, learner.dtype "
+                "and its own micro-batching); remove them"
             )
         return value
 
