@@ -141,7 +141,13 @@ class Learner:
             self._init_process_group()
         dtype = getattr(torch, self.cfg.learner.dtype)
         self.backend = make_backend(
-            self.cfg.learner.backend, world_size=self.world_size, rank=self.rank, device=self.device, dtype=dtype
+            self.cfg.learner.backend,
+            world_size=self.world_size,
+            rank=self.rank,
+            device=self.device,
+            dtype=dtype,
+            deepspeed=self.cfg.learner.deepspeed,
+            grad_clip=self.cfg.learner.optim.grad_clip,
         )
         tokenizer = load_tokenizer(self.cfg.model)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -161,7 +167,7 @@ class Learner:
         self._trainable = [p for p in self.model.parameters() if p.requires_grad]
         if not self._trainable:
             raise ValueError("Learner: the model has no trainable parameters (check finetune.lora.target_modules)")
-        self.optimizer = self._adamw(self.cfg.learner.optim.lr)
+        self.optimizer = self.backend.prepare(self.model, self._adamw(self.cfg.learner.optim.lr))
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         n_params = sum(self._numel(p) for p in self.model.parameters())
         n_train = sum(self._numel(p) for p in self._trainable)
@@ -356,7 +362,8 @@ class Learner:
             from actors.qlora import numel
 
             return numel(p)
-        shape = getattr(p, "shape", None)  # a DTensor's shape is the whole tensor's
+        # A DTensor's shape is the whole tensor's; a ZeRO-3 parameter keeps its whole shape in ds_shape.
+        shape = getattr(p, "ds_shape", None) or getattr(p, "shape", None)
         return int(math.prod(shape)) if shape is not None else p.numel()
 
     # ------------------------------------------------------------------ training
@@ -449,11 +456,9 @@ class Learner:
             packed = self._pack(micro)
             logp, _ = self._token_logprobs(self.model, packed)
             loss, m = sft_loss(logp, packed["loss_mask"], normalizer=normalizer)
-            (loss * self.backend.grad_scale).backward()
+            self.backend.backward(loss)
             _accumulate(sums, weights, {"sft_loss": m["sft_loss"]}, m["tokens"])
-        norm = self.backend.clip_grad_norm(self._trainable, self.cfg.learner.optim.grad_clip)
-        self._sft_optimizer.step()
-        self._sft_optimizer.zero_grad(set_to_none=True)
+        norm = self.backend.step(self._sft_optimizer, self._trainable, self.cfg.learner.optim.grad_clip)
         batch_tokens = float(sum(s.num_tokens for s in batch))
         totals = self._all_reduce_sum(
             [sums.get("sft_loss", 0.0), weights.get("sft_loss", 0.0), float(len(batch)), batch_tokens]
@@ -691,15 +696,13 @@ class Learner:
                 _accumulate(
                     sums, weights, {k: vm[k] for k in ("value_loss", "value_mean", "value_clip_frac")}, vm["tokens"]
                 )
-            (loss * self.backend.grad_scale).backward()
+            self.backend.backward(loss)
             keys = ("policy_loss", "kl", "ratio_mean", "ratio_std", "clip_frac", "logprob_gap")
             _accumulate(sums, weights, {k: m[k] for k in keys if k in m}, m["tokens"])
             if "entropy" in m:
                 _accumulate(sums, weights, {"entropy": m["entropy"]}, m["tokens"])
-        norm = self.backend.clip_grad_norm(self._trainable, self.cfg.learner.optim.grad_clip)
-        self.optimizer.step()
+        norm = self.backend.step(self.optimizer, self._trainable, self.cfg.learner.optim.grad_clip)
         self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
         return self._reduce_weighted(sums, weights), norm
 
     def _reduce_weighted(self, sums: dict[str, float], weights: dict[str, float]) -> dict[str, float]:
@@ -771,7 +774,8 @@ class Learner:
         head = self.value_head if values is not None else None
         # The value hook is registered after the selecting one, so it sees the same (selected) hidden states.
         with self.backend.compute(), _output_layer_at(model, keep), _value_head_at(model, head, raw_values):
-            logits = model(
+            logits = self.backend.forward(
+                model,
                 input_ids=ids.to(device or self.device),
                 attention_mask=packed["attention_mask"].to(device or self.device),
                 use_cache=False,

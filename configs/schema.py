@@ -590,11 +590,60 @@ class OptimConfig(Strict):
     grad_clip: float = Field(1.0, gt=0)
 
 
+class DeepspeedConfig(Strict):
+    """`learner.backend: deepspeed`: DeepSpeed ZeRO over the learner's torch.distributed group."""
+
+    stage: Literal[2, 3] = Field(
+        2, description="ZeRO stage: 2 shards optimizer state and gradients; 3 shards the parameters as well."
+    )
+    config: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Extra DeepSpeed config keys merged into the one mcprl builds (e.g. offload_optimizer, "
+        "reduce_bucket_size under zero_optimization). Batch sizes, optimizer, scheduler, gradient clipping, "
+        "gradient accumulation and precision (learner.dtype) are the learner's own and cannot be set here. "
+        "ZeRO-3 runs with stage3_param_persistence_threshold 0 (no parameter kept whole, so that a moving KL "
+        "reference blends partitions in place); a run with a fixed reference may raise it. A DeepSpeed "
+        "checkpoint resumes at the same learner.workers and stage.",
+    )
+
+    @field_validator("config")
+    @classmethod
+    def _not_ours(cls, value: dict[str, Any]) -> dict[str, Any]:
+        owned = sorted(set(value) & DEEPSPEED_OWNED_KEYS)
+        if owned:
+            raise ValueError(
+                f"learner.deepspeed.config: {owned} are set by the learner (from learner.optim, learner.dtype "
+                "and its own micro-batching); remove them"
+            )
+        return value
+
+
+# DeepSpeed config keys the learner derives itself (actors/sharding.py, DeepspeedBackend).
+DEEPSPEED_OWNED_KEYS = frozenset(
+    {
+        "train_batch_size",
+        "train_micro_batch_size_per_gpu",
+        "gradient_accumulation_steps",
+        "managed_gradient_accumulation",
+        "gradient_clipping",
+        "optimizer",
+        "scheduler",
+        "bf16",
+        "fp16",
+    }
+)
+
+
 class LearnerConfig(Strict):
-    """The learner group: L workers, torch.distributed + FSDP2 (DeepSpeed later)."""
+    """The learner group: L workers, torch.distributed + FSDP2 or DeepSpeed ZeRO."""
 
     workers: int = Field(1, ge=1, description="Ranks, PACKed in one placement group (one node when they fit).")
-    backend: Literal["fsdp2"] = Field("fsdp2", description="Sharding backend; deepspeed joins later.")
+    backend: Literal["fsdp2", "deepspeed"] = Field(
+        "fsdp2",
+        description="Sharding backend at world size > 1: fsdp2 (torch's fully_shard) or deepspeed (ZeRO 2/3, "
+        "`learner.deepspeed`; needs the `deepspeed` extra). One rank shards nothing: the plain backend.",
+    )
+    deepspeed: DeepspeedConfig = Field(default_factory=DeepspeedConfig, description="learner.backend: deepspeed.")
     worker_resources: Resources = Field(
         default_factory=Resources,
         description="What each rank reserves (older spelling: num_cpus_per_worker, num_gpus_per_worker).",

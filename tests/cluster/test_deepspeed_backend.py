@@ -1,0 +1,124 @@
+"""The DeepSpeed learner backend on a real local Ray: two ZeRO ranks over gloo (CPU), LoRA and full fine-tune,
+checkpoints that resume exactly; and the errors for what it does not do."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+import pytest
+import torch
+
+from actors.sharding import DeepspeedBackend, NoShardBackend, make_backend
+from cluster.learner_group import LearnerGroup
+from configs.loader import ConfigError, load_config
+from configs.schema import Config, DeepspeedConfig
+from tests.cluster.test_learner_group import fixed_batch, make_cfg, mean_logprob
+
+requires_deepspeed = pytest.mark.skipif(
+    importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed (extra `deepspeed`)"
+)
+
+
+def ds_cfg(mode: str, stage: int, lr: float) -> Config:
+    cfg = make_cfg(mode, lr)
+    cfg.learner.backend = "deepspeed"
+    cfg.learner.deepspeed.stage = stage
+    return cfg
+
+
+async def train_save_resume(cfg: Config, tmp_path, sft: bool) -> tuple[dict, list[dict]]:
+    """(Warm start,) a step, a checkpoint, a step; then the checkpoint is loaded (over everything the second
+    step changed: parameters, ZeRO optimizer partitions, reference, schedule, RNG) and that step runs again.
+    Then the reference is reset to the policy, and one more step runs.
+    Returns scores and metrics: before, [the second step's, its rerun's, the step after the reset's]."""
+    batch = fixed_batch()
+    folder = str(tmp_path / "ckpt")
+    runs = []
+    group = LearnerGroup(cfg)
+    try:
+        info = await group.start()
+        assert info["world_size"] == 2 and info["backend"] == "deepspeed"
+        before = {"score": await group.score(batch)}
+        if sft:
+            rows = [{k: s[k] for k in ("prompt_ids", "response_ids", "loss_mask")} for s in batch]
+            before["sft_losses"] = [(await group.sft_step(rows))["sft_loss"] for _ in range(2)]
+        before["metrics"] = await group.train_step(batch)
+        await group.save_checkpoint(folder, {"data_position": 5})
+        for load in (False, True):
+            if load:
+                assert await group.load_checkpoint(folder) == {"data_position": 5}
+            runs.append({"metrics": await group.train_step(batch), "score": await group.score(batch)})
+        await group.reset_reference()  # the reference becomes the policy (every partition of it)
+        runs.append({"metrics": await group.train_step(batch)})
+    finally:
+        await group.shutdown()
+    return before, runs
+
+
+# The KL reference moves by EMA and is checkpointed. ZeRO-2 with LoRA after a warm start: the reference is
+# a frozen second adapter, saved beside the engine's checkpoint. ZeRO-3 with a full fine-tune: the policy and
+# its frozen reference copy are both partitioned, and the reference blends in place, partition by partition.
+@requires_deepspeed
+@pytest.mark.parametrize("mode,stage", [("lora", 2), ("full", 3)])
+async def test_deepspeed_group_learns_and_resumes_exactly(ray_cluster, tmp_path, mode: str, stage: int) -> None:
+    cfg = ds_cfg(mode, stage, lr=3e-3 if mode == "lora" else 1e-3)
+    cfg.algorithm.kl_coef = 0.1
+    cfg.learner.reference = "ema"
+    before, (first, second, after_reset) = await train_save_resume(cfg, tmp_path, sft=mode == "lora")
+
+    if mode == "lora":  # the warm start steps with its own optimizer through the same engine
+        assert before["sft_losses"][1] < before["sft_losses"][0] - 0.05
+    assert mean_logprob(first["score"]) > mean_logprob(before["score"]) + 0.1  # the chosen tokens got likelier
+    assert before["metrics"]["samples"] == 5 and before["metrics"]["grad_norm"] > 0
+    assert before["metrics"]["lr"] == cfg.learner.optim.lr  # the RL optimizer's, not the warm start's
+    assert second["score"] == first["score"]
+    for k in ("policy_loss", "kl", "grad_norm", "ratio_mean", "lr"):
+        assert second["metrics"][k] == first["metrics"][k], k
+    assert first["metrics"]["kl"] > 1e-6  # the reference trails the policy, and resumed where it was
+    # The policy was copied into the reference, every partition of it (rounding apart: the adapters' forward).
+    assert abs(after_reset["metrics"]["kl"]) < 1e-3 * first["metrics"]["kl"]
+
+
+DS = ["learner.backend=deepspeed", "learner.workers=2"]
+
+
+def test_config_refuses_what_deepspeed_cannot_do() -> None:
+    with pytest.raises(ConfigError, match=r"learner\.deepspeed\.config.*gradient_clipping.*learner\.optim"):
+        load_config(None, [*DS, 'learner.deepspeed.config={"gradient_clipping": 2.0}'])
+    with pytest.raises(ConfigError, match=r"learner\.deepspeed\.stage"):
+        load_config(None, [*DS, "learner.deepspeed.stage=1"])
+    assert load_config(None, [*DS, "learner.deepspeed.stage=3"]).learner.deepspeed.stage == 3
+    assert load_config(None, ["learner.backend=deepspeed", "learner.workers=1", "finetune.mode=full"])
+
+
+def test_one_rank_shards_nothing_and_a_missing_deepspeed_says_how_to_install(monkeypatch) -> None:
+    kw = {"rank": 0, "device": torch.device("cpu"), "dtype": torch.float32}
+    assert isinstance(make_backend("deepspeed", world_size=1, **kw), NoShardBackend)
+    with pytest.raises(ValueError, match=r"unknown sharding backend 'zero'.*fsdp2, deepspeed"):
+        make_backend("zero", world_size=2, **kw)
+    monkeypatch.setitem(sys.modules, "deepspeed", None)  # `import deepspeed` now fails
+    with pytest.raises(ImportError, match=r"learner.backend deepspeed needs the deepspeed package.*\[deepspeed\]"):
+        make_backend("deepspeed", world_size=2, **kw)
+
+
+@requires_deepspeed
+def test_the_engine_config_keeps_the_learners_keys(monkeypatch) -> None:
+    monkeypatch.setenv("LOCAL_RANK", "7")  # restored after the test
+    options = DeepspeedConfig(stage=3, config={"zero_optimization": {"stage": 1, "reduce_bucket_size": 1000}})
+    backend = make_backend(
+        "deepspeed",
+        world_size=2,
+        rank=1,
+        device=torch.device("cpu"),
+        dtype=torch.bfloat16,
+        deepspeed=options,
+        grad_clip=0.5,
+    )
+    assert isinstance(backend, DeepspeedBackend) and backend.grad_scale == 2.0
+    assert os.environ["LOCAL_RANK"] == "0"  # DeepSpeed's device index; Ray gives each rank its own device
+    config = backend.config()
+    zero = {"stage": 3, "reduce_bucket_size": 1000, "stage3_param_persistence_threshold": 0}
+    assert config["zero_optimization"] == zero
+    assert config["gradient_clipping"] == 0.5 and config["managed_gradient_accumulation"] is False
