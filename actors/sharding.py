@@ -455,7 +455,7 @@ class DeepspeedBackend(NoShardBackend):
         if self._engine_for(model) is None:  # a frozen model: its parameters, gathered
             return self._save_gathered(os.path.join(folder, _FROZEN), model, keep)
         self.engine.save_checkpoint(
-            folder, tag=_DS_TAG, client_state={}, save_latest=False, exclude_frozen_parameters=True
+            folder, tag=DEEPSPEED_TAG, client_state={}, save_latest=False, exclude_frozen_parameters=True
         )
         self._save_gathered(os.path.join(folder, _FROZEN), model, lambda n: keep(n) and not _trains(model, n))
 
@@ -463,11 +463,11 @@ class DeepspeedBackend(NoShardBackend):
 
         if self._engine_for(model) is None:
             return self._load_gathered(os.path.join(folder, _FROZEN), model)
-        if not os.path.isdir(os.path.join(folder, _DS_TAG)):
+        if not os.path.isdir(os.path.join(folder, DEEPSPEED_TAG)):
             raise FileNotFoundError(
-                f"{folder} holds no DeepSpeed checkpoint (no {_DS_TAG}/): saved by another backend?"
+                f"{folder} holds no DeepSpeed checkpoint (no {DEEPSPEED_TAG}/): saved by another backend?"
             )
-        saved_by = len(glob.glob(os.path.join(folder, _DS_TAG, "*_optim_states.pt")))
+        saved_by = len(glob.glob(os.path.join(folder, DEEPSPEED_TAG, "*_optim_states.pt")))
         if optimizer is not None and saved_by != self.world_size:
             raise ValueError(
                 f"a DeepSpeed checkpoint of {saved_by} rank(s) resumes only at learner.workers {saved_by} "
@@ -475,7 +475,7 @@ class DeepspeedBackend(NoShardBackend):
             )
         path, _ = self.engine.load_checkpoint(
             folder,
-            tag=_DS_TAG,
+            tag=DEEPSPEED_TAG,
             load_module_strict=False,  # frozen parameters are not in it
             load_optimizer_states=optimizer is not None,
             load_lr_scheduler_states=False,
@@ -508,7 +508,7 @@ class DeepspeedBackend(NoShardBackend):
                         param.copy_(value)
 
 
-_DS_TAG = "zero"  # the engine's checkpoint subfolder
+DEEPSPEED_TAG = "zero"  # the engine's checkpoint subfolder (jobs/export.py reads it too)
 _FROZEN = "frozen.pt"  # frozen parameters that a checkpoint keeps (not in the engine's)
 
 

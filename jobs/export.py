@@ -10,8 +10,9 @@ RUN is a run folder (`runs/ci-tiny`, `s3://bucket/runs/x`) or a run name under `
   or smollm2-135m-instruct, which the Hub does not have, a local or stored folder) is copied into `base/`
   and named by its absolute path (by `base` when --out is a URI). mcprl_export.json says the same.
 - `--merge` (LoRA only): base + adapter merged into plain weights, a model folder.
-- a full fine-tune: its trained weights (the checkpoint's `state/`, a torch.distributed.checkpoint of
-  the float32 master weights) as a model folder.
+- a full fine-tune: its trained weights (the checkpoint's `state/`: a torch.distributed.checkpoint of
+  the float32 master weights, or with `learner.backend: deepspeed` a ZeRO checkpoint, consolidated from
+  its partitions) as a model folder. A PPO run's value head is left out: it is not part of the policy.
 Weights are saved in `model.dtype`. The adapter is `final_adapter/` unless `--checkpoint step_N` names
 a checkpoint (its `adapter/`); a full run's weights come from the newest checkpoint, or the named one.
 The chat template is the model's own, taught to render `tools=` as training showed them
@@ -240,14 +241,19 @@ def _write(src: RunSource, folder: Path, kind: str, final: str, progress: Any) -
 
 
 def _load_full_state(model: Any, state: str) -> None:
-    """A full run's trained weights from a checkpoint's DCP `state/` (saved by actors/sharding.py as
-    {"model": get_model_state_dict(policy), "optim": ...}), any world size, without a process group."""
+    """A full run's trained weights from a checkpoint's `state/`, any world size, without a process group: a
+    DCP checkpoint (FSDP2 or one rank, saved by actors/sharding.py as {"model": ..., "optim": ...}) or a
+    DeepSpeed ZeRO checkpoint (its partitions consolidated)."""
     import warnings
 
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
+    from actors.sharding import DEEPSPEED_TAG
+
     local = storage.fetch(state)
+    if (Path(local) / DEEPSPEED_TAG).is_dir():
+        return _load_deepspeed_state(model, Path(local))
     template = {"model": get_model_state_dict(model)}  # the keys and shapes the learner saved
     with warnings.catch_warnings():  # "assuming ... a single process": exactly the intent
         warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
@@ -258,6 +264,25 @@ def _load_full_state(model: Any, state: str) -> None:
                 f"{state!r}: the checkpoint's weights do not fit model {type(model).__name__}: {e}"
             ) from e
     set_model_state_dict(model, template["model"])
+
+
+def _load_deepspeed_state(model: Any, state: Path) -> None:
+    """The float32 weights of a ZeRO-2/3 checkpoint, gathered from every rank's partition files."""
+    from actors.sharding import DEEPSPEED_TAG
+
+    try:
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    except ImportError as e:
+        raise ExportError(f"{state} is a DeepSpeed checkpoint: reading it needs deepspeed (extra `deepspeed`)") from e
+    weights = get_fp32_state_dict_from_zero_checkpoint(str(state), tag=DEEPSPEED_TAG)
+    weights = {k: v for k, v in weights.items() if not k.startswith("value_head.")}  # PPO's, not the policy's
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    tied = {k for k in missing if k.endswith("lm_head.weight") and model.config.tie_word_embeddings}
+    if set(missing) - tied or unexpected:
+        raise ExportError(
+            f"{state}: the DeepSpeed checkpoint does not fit model {type(model).__name__}: missing "
+            f"{sorted(set(missing) - tied)[:5]}, unexpected {sorted(unexpected)[:5]}"
+        )
 
 
 def _is_hf_id(name: str, folder: Path) -> bool:

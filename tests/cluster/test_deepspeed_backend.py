@@ -8,6 +8,7 @@ import os
 import sys
 
 import pytest
+import ray
 import torch
 
 from actors.sharding import DeepspeedBackend, NoShardBackend, make_backend
@@ -46,6 +47,8 @@ async def train_save_resume(cfg: Config, tmp_path, sft: bool) -> tuple[dict, lis
             before["sft_losses"] = [(await group.sft_step(rows))["sft_loss"] for _ in range(2)]
         before["metrics"] = await group.train_step(batch)
         await group.save_checkpoint(folder, {"data_position": 5})
+        if cfg.finetune.mode == "full":  # what the engines got at the checkpoint: the export must read the same
+            before["pushed"] = {k: v for ref in await group.export_weights_refs() for k, v in ray.get(ref).items()}
         for load in (False, True):
             if load:
                 assert await group.load_checkpoint(folder) == {"data_position": 5}
@@ -79,6 +82,16 @@ async def test_deepspeed_group_learns_and_resumes_exactly(ray_cluster, tmp_path,
     assert first["metrics"]["kl"] > 1e-6  # the reference trails the policy, and resumed where it was
     # The policy was copied into the reference, every partition of it (rounding apart: the adapters' forward).
     assert abs(after_reset["metrics"]["kl"]) < 1e-3 * first["metrics"]["kl"]
+    if mode == "full":  # jobs.export consolidates the ZeRO-3 partitions into the weights the engines were pushed
+        from actors.models import load_causal_lm
+        from jobs.export import _load_full_state
+
+        model = load_causal_lm(cfg.model.model_copy(update={"dtype": "float32"}))
+        _load_full_state(model, str(tmp_path / "ckpt" / "state"))
+        exported = model.state_dict()
+        assert before["pushed"] and set(before["pushed"]) <= set(exported)
+        for name, pushed in before["pushed"].items():
+            torch.testing.assert_close(exported[name].to(pushed.dtype), pushed, msg=name)  # float32 masters
 
 
 DS = ["learner.backend=deepspeed", "learner.workers=2"]
