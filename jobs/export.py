@@ -10,6 +10,9 @@ RUN is a run folder (`runs/ci-tiny`, `s3://bucket/runs/x`) or a run name under `
   or smollm2-135m-instruct, which the Hub does not have, a local or stored folder) is copied into `base/`
   and named by its absolute path (by `base` when --out is a URI). mcprl_export.json says the same.
 - `--merge` (LoRA only): base + adapter merged into plain weights, a model folder.
+- a QLoRA run (`finetune.mode: qlora`): the adapter trained over the base quantized to NF4, so the policy is
+  that adapter over the 4-bit base. `--merge` merges it into the dequantized 4-bit base (as the learner's
+  merged push does); the adapter folder's mcprl_export.json says how to load the base in 4 bit.
 - a full fine-tune: its trained weights (the checkpoint's `state/`: a torch.distributed.checkpoint of
   the float32 master weights, or with `learner.backend: deepspeed` a ZeRO checkpoint, consolidated from
   its partitions) as a model folder. A PPO run's value head is left out: it is not part of the policy.
@@ -79,7 +82,7 @@ def load_source(run: str, checkpoint: str = "", storage_root: str = "runs") -> R
         cfg = Config.model_validate(json.loads(storage.read_text(storage.join(location, "config.json"))))
     except ValueError as e:
         raise ExportError(f"run {location!r}: config.json is not a valid mcprl config: {e}") from e
-    lora = cfg.finetune.mode == "lora"
+    lora = cfg.finetune.trains_adapter  # lora and qlora
     if checkpoint:
         name = checkpoint.rstrip("/").rsplit("/", 1)[-1]
         ckpt = storage.join(location, "checkpoints", name)
@@ -128,7 +131,7 @@ def export(
 ) -> str:
     """Write the export (see the module doc) and return where it is. `progress(line)` hears each phase."""
     src = load_source(run, checkpoint, storage_root)
-    lora = src.cfg.finetune.mode == "lora"
+    lora = src.cfg.finetune.trains_adapter  # lora and qlora
     if merge and not lora:
         raise ExportError(
             f"--merge: run {src.run!r} is a full fine-tune (finetune.mode full): its weights are already a "
@@ -210,6 +213,9 @@ def _write(src: RunSource, folder: Path, kind: str, final: str, progress: Any) -
         write_adapter(folder, {"config": config, "state_dict": adapter["state_dict"]})
         info["base_model_name_or_path"] = base_ref
         info["adapter_config"] = CONFIG_FILE
+        if cfg.finetune.mode == "qlora":
+            info["quantization"] = QLORA_BASE_NOTE
+            progress(f"export: note: {QLORA_BASE_NOTE}")
         tokenizer.save_pretrained(folder)
         return info
 
@@ -217,6 +223,9 @@ def _write(src: RunSource, folder: Path, kind: str, final: str, progress: Any) -
 
     progress("export: loading the base weights")
     model = AutoModelForCausalLM.from_pretrained(base_folder, dtype=torch.float32, local_files_only=True)
+    if kind == "merged" and cfg.finetune.mode == "qlora":
+        progress("export: the base as the QLoRA run trained over it: quantized to NF4, dequantized")
+        _load_nf4_base(model, cfg)
     if kind == "merged":
         from peft import PeftModel
 
@@ -238,6 +247,24 @@ def _write(src: RunSource, folder: Path, kind: str, final: str, progress: Any) -
     model.save_pretrained(folder, safe_serialization=True)
     tokenizer.save_pretrained(folder)
     return info
+
+
+QLORA_BASE_NOTE = (
+    "trained over the base quantized to 4 bit: load it with BitsAndBytesConfig(load_in_4bit=True, "
+    "bnb_4bit_quant_type='nf4', bnb_4bit_use_double_quant=True) for the trained policy (over the full-precision "
+    "base the adapter drifts from it), or export with --merge"
+)
+
+
+def _load_nf4_base(model: Any, cfg: Any) -> None:
+    """Replace `model`'s weights by the NF4 round trip the QLoRA learner trained over (actors/qlora.py)."""
+    from actors.qlora import dequantized, load_4bit_causal_lm
+
+    quantized = load_4bit_causal_lm(cfg.model, cfg.learner.dtype)
+    dense = {name: t.float() for name, t in dequantized(quantized, quantized.named_parameters())}
+    unexpected = model.load_state_dict(dense, strict=False).unexpected_keys
+    if unexpected:
+        raise ExportError(f"the 4-bit base of {cfg.model.name!r} has weights the model lacks: {unexpected[:5]}")
 
 
 def _load_full_state(model: Any, state: str) -> None:

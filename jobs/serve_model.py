@@ -143,9 +143,11 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         src = load_source(args.run, args.checkpoint, args.storage)
-        lora = src.cfg.finetune.mode == "lora"
+        lora = src.cfg.finetune.trains_adapter  # lora and qlora
         if args.lora and not lora:
             usage_error(f"--lora: run {src.run!r} is a full fine-tune; serve it without --lora")
+        if args.lora and src.cfg.finetune.mode == "qlora":  # vLLM would apply it over the full-precision base
+            usage_error(f"--lora: run {src.run!r} trained over a 4-bit base; serve it without --lora (merged)")
         key = hashlib.sha1(f"{src.run}|{args.checkpoint}".encode()).hexdigest()[:12]
         kind = "lora" if args.lora else "merged" if lora else "full"
         out = default_cache_dir() / "exports" / f"{storage.name(src.run)}-{key}-{kind}"

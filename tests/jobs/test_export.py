@@ -38,14 +38,14 @@ def save_run(folder: Path, learner: Learner, steps: int) -> None:
     folder.mkdir(parents=True)
     (folder / "config.json").write_text(json.dumps(cfg.model_dump(mode="json"), indent=2))
     learner.save_checkpoint(str(folder / "checkpoints" / f"step_{steps}"), {"step": steps, "version": steps})
-    if cfg.finetune.mode == "lora":
+    if cfg.finetune.trains_adapter:
         learner.save_adapter(str(folder / "final_adapter"))
 
 
 def make_run(folder: Path, mode: str) -> Learner:
     """A run folder as the driver leaves it, after STEPS real GRPO steps of a tiny-random learner."""
     cfg = tiny_config(folder.name, mode)
-    cfg.learner.optim.lr = 1e-2 if mode == "lora" else 1e-3
+    cfg.learner.optim.lr = 1e-3 if mode == "full" else 1e-2
     learner = Learner(cfg)
     learner.setup()
     g = torch.Generator().manual_seed(0)
@@ -87,10 +87,10 @@ def run_export(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, torch.Tensor]]:
-    """A LoRA run and a full fine-tune run, with the trained policies' logits."""
+    """A LoRA, a QLoRA and a full fine-tune run, with the trained policies' logits."""
     root = tmp_path_factory.mktemp("runs")
     out = {}
-    for mode in ("lora", "full"):
+    for mode in ("lora", "qlora", "full"):
         learner = make_run(root / f"run-{mode}", mode)
         learner.model.eval()
         out[mode] = (root / f"run-{mode}", policy_logits(learner.model))
@@ -129,6 +129,25 @@ def test_lora_run_exports_a_peft_folder_and_merged_weights(runs: dict, tmp_path:
     merged = AutoModelForCausalLM.from_pretrained(merged_dir).eval()
     assert merged.dtype == torch.float32  # model.dtype of the run
     torch.testing.assert_close(policy_logits(merged), peft_logits, rtol=0, atol=1e-4)
+
+
+def test_qlora_run_merges_into_its_4bit_base(runs: dict, tmp_path: Path) -> None:
+    """The policy a QLoRA run trained is the adapter over the NF4 base: --merge writes that, not the adapter
+    over the full-precision base; the adapter export says how to load the base in 4 bit."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    run, trained = runs["qlora"]
+    proc = run_export("--run", str(run), "--out", str(tmp_path / "adapter"))
+    assert "load_in_4bit=True" in proc.stdout
+    assert "nf4" in json.loads((tmp_path / "adapter" / "mcprl_export.json").read_text())["quantization"]
+    proc = run_export("--run", str(run), "--merge", "--out", str(tmp_path / "merged"))
+    assert "quantized to NF4, dequantized" in proc.stdout
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+    torch.testing.assert_close(policy_logits(merged), trained, rtol=0, atol=1e-3)
+    base = AutoModelForCausalLM.from_pretrained(tmp_path / "adapter" / "base", dtype=torch.float32)
+    over_full_precision = policy_logits(PeftModel.from_pretrained(base, tmp_path / "adapter").eval())
+    assert (over_full_precision - trained).abs().max() > 1e-2  # NF4 matters here: the test can fail
 
 
 def test_full_run_exports_its_trained_weights(runs: dict) -> None:
