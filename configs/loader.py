@@ -52,7 +52,8 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     return key.strip().split("."), value
 
 
-def _apply(tree: dict[str, Any], path: list[str], value: Any, source: str) -> None:
+def apply_override(tree: dict[str, Any], path: list[str], value: Any, source: str) -> None:
+    """Set `tree[path[0]][path[1]]... = value`, making sections on the way; `source` names it in errors."""
     node = tree
     for i, part in enumerate(path[:-1]):
         child = node.setdefault(part, {})
@@ -62,7 +63,8 @@ def _apply(tree: dict[str, Any], path: list[str], value: Any, source: str) -> No
     node[path[-1]] = value
 
 
-def _format_errors(err: ValidationError, source: str) -> str:
+def format_errors(err: ValidationError, source: str) -> str:
+    """A pydantic error as one line per bad key: `  a.b: message (got value)`."""
     lines = [f"invalid config ({source}):"]
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"]) or "<root>"
@@ -91,13 +93,13 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
             raise ConfigError(f"{p}: the top level must be a mapping of sections, got {type(tree).__name__}")
     for item in overrides:
         keys, value = parse_override(item)
-        _apply(tree, keys, value, f"--set {item}")
+        apply_override(tree, keys, value, f"--set {item}")
     if overrides:
         source += " + --set " + " ".join(overrides)
     try:
         return Config.model_validate(tree)
     except ValidationError as e:
-        raise ConfigError(_format_errors(e, source)) from None
+        raise ConfigError(format_errors(e, source)) from None
 
 
 def redact(value: Any, key: str = "") -> Any:

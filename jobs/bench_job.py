@@ -80,7 +80,7 @@ def summary(values: list[float]) -> dict[str, float]:
 
 def run_job_suite(args: argparse.Namespace | None = None) -> dict[str, Any]:
     """Run the suite (see the module doc), print its table, return every figure as a dict."""
-    from jobs.benchmark import machine
+    from bench.results import machine
 
     opts = args or options([])
     console = Console(width=None if sys.stdout.isatty() else 150)

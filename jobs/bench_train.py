@@ -463,7 +463,7 @@ def run_train_suite(args: argparse.Namespace | None = None) -> dict[str, Any]:
 
     from cluster.learner_group import LearnerGroup
     from cluster.ray_env import ray_session
-    from jobs.benchmark import machine
+    from bench.results import machine
 
     opts = options(args)
     console = Console(width=None if sys.stdout.isatty() else 150)  # a log file gets the whole table

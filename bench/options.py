@@ -1,0 +1,100 @@
+"""The benchmark's options: one validated model, set from the command line as `--set SUITE.KEY=VALUE`.
+
+    python -m bench --suite train --set train.pushes=3 --set train.vllm=off
+
+Every suite reads its sizes from its own section here, so a typo or a bad value fails before anything
+starts, with the key named (as `jobs.*` do for configs).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from configs.loader import ConfigError, apply_override, format_errors, parse_override
+
+SUITES = ("tools", "env", "prompt", "rollout", "train", "job", "e2e", "scale")
+Suite = Literal["tools", "env", "prompt", "rollout", "train", "job", "e2e", "scale", "all"]
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CallsOptions(Section):
+    calls: int = Field(300, ge=1, description="calls per measurement (suites tools, env, rollout)")
+
+
+class TrainOptions(Section):
+    """Suite `train`: the learner's tokens/s and the weight push."""
+
+    model: str = Field("smollm2-135m-instruct", description="model name (a built-in, a folder or an HF id)")
+    samples: int = Field(16, ge=1, description="samples per train_step")
+    prompt_tokens: int = Field(900, ge=1, description="mean prompt length of the synthetic batch")
+    gen_tokens: int = Field(100, ge=1, description="mean generated length of the synthetic batch")
+    train_warmup: int = Field(2, ge=0, description="train steps left out of the timing")
+    train_steps: int = Field(3, ge=1, description="train steps measured")
+    pushes: int = Field(5, ge=1, description="LoRA pushes measured per path")
+    weight_pushes: int = Field(5, ge=1, description="full-weight syncs measured")
+    engines: int = Field(2, ge=1, description="HF engines in the rollout group")
+    vllm: Literal["auto", "on", "off"] = Field("auto", description="1 vLLM engine too: auto = if installed, in budget")
+    budget_s: float = Field(600.0, gt=0, description="the whole suite's time budget")
+    seed: int = 0
+
+
+class JobOptions(Section):
+    """Suite `job`: `ray job submit` against the same run started locally."""
+
+    config: str = Field("configs/ci-tiny.yaml", description="the run to time (relative to the checkout)")
+    head_cpus: int = Field(4, ge=1, description="the loopback head's logical CPUs (ci-tiny's embedded Ray has 4)")
+
+
+class E2EOptions(Section):
+    """Suite `e2e`: mcprl's GRPO step against TRL's GRPOTrainer on the same work."""
+
+    model: str = Field("smollm2-135m-instruct", description="the policy both trainers start from")
+    steps: int = Field(5, ge=1, description="GRPO steps per trainer and repeat (the first is left out of step time)")
+    tasks_per_step: int = Field(2, ge=1, description="prompts per step")
+    group_size: int = Field(4, ge=2, description="completions per prompt (G)")
+    max_new_tokens: int = Field(64, ge=1, description="new tokens per turn")
+    max_turns: int = Field(2, ge=1, description="assistant turns per episode")
+    lora_r: int = Field(16, ge=1, description="LoRA rank, on q,k,v,o for both")
+    seed: int = 0
+
+
+class ScaleOptions(Section):
+    """Suite `scale`: sweeps, each plotted."""
+
+    group_sizes: list[int] = Field([2, 4, 8, 16], description="G values of the step-time sweep")
+    tasks_per_step: list[int] = Field([1, 2, 4], description="tasks-per-step values of the step-time sweep")
+    replicas: list[int] = Field([1, 2, 4], description="python tool replicas of the tool-pool sweep")
+    in_flight: list[int] = Field([10, 100, 1000], description="episodes in flight of the control-plane sweep")
+
+
+class BenchOptions(Section):
+    suite: Suite = "tools"
+    repeats: int = Field(3, ge=1, description="each side-by-side comparison is repeated this many times")
+    out: Path = Field(Path("bench_results"), description="folder for each suite's JSON, markdown table and chart")
+    config: str | None = Field(None, description="the mcprl config the suites read tools and tasks from")
+    quick: bool = Field(False, description="smoke sizes: every figure present, none meaningful (the tests use it)")
+    tools: CallsOptions = CallsOptions()
+    env: CallsOptions = CallsOptions()
+    rollout: CallsOptions = CallsOptions()
+    train: TrainOptions = TrainOptions()
+    job: JobOptions = JobOptions()
+    e2e: E2EOptions = E2EOptions()
+    scale: ScaleOptions = ScaleOptions()
+
+    @classmethod
+    def parse(cls, fields: dict[str, Any], overrides: list[str] = ()) -> BenchOptions:
+        """Options from top-level fields plus `SECTION.KEY=VALUE` overrides; bad ones raise ConfigError by key."""
+        tree = {k: v for k, v in fields.items() if v is not None}
+        for item in overrides:
+            keys, value = parse_override(item)
+            apply_override(tree, keys, value, f"--set {item}")
+        try:
+            return cls.model_validate(tree)
+        except ValidationError as e:
+            raise ConfigError(format_errors(e, "bench options")) from None
