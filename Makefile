@@ -48,13 +48,10 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# Every suite, each comparison side by side and repeated (~1 h on 2 cores): JSON, a markdown table and a
+# chart per suite in bench_results/. One suite: `python -m bench --suite e2e` (see `python -m bench --help`).
 bench: install sandbox
-	$(PY) -m jobs.benchmark --suite tools
-	$(PY) -m jobs.benchmark --suite env
-	$(PY) -m jobs.benchmark --suite rollout
-	$(PY) -m jobs.benchmark --suite train
-	$(PY) -m jobs.benchmark --suite job
-	$(PY) -m jobs.benchmark --suite prompt --config configs/demo-cpu.yaml
+	$(PY) -m bench --suite all
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -8,7 +8,7 @@ laid out token for token as rollouts are. It is stateless per request: the task 
 prompt message appears in the decoded prompt before the first assistant header, the turn is the
 number of assistant headers in the prompt (the generation prompt included) minus one; so any number
 of episodes, of any task, may run at once. It serves the warm start below, the rollout benchmark
-(jobs/benchmark.py) and the runner's tests.
+(bench/doubles.py) and the runner's tests.
 
 Expert trajectories for the supervised warm start (`expert_trajectories`): a small model may never
 make a correct tool call on its own, and then GRPO has no signal (see DESIGN.md, "a small model needs

@@ -13,6 +13,7 @@ import argparse
 import importlib
 import logging
 import os
+import sys
 import time
 
 from rich.console import Console
@@ -42,9 +43,11 @@ def parse(argv: list[str] | None = None) -> BenchOptions:
     )
     fields = {k: getattr(args, k) for k in ("suite", "repeats", "out", "config", "quick")}
     try:
-        return BenchOptions.parse(fields, args.overrides)
+        opts = BenchOptions.parse(fields, args.overrides)
+        opts.mcprl_config()  # a bad --config fails here, before any suite starts
     except ConfigError as e:
         usage_error(str(e))
+    return opts
 
 
 def run_suite(name: str, opts: BenchOptions, console: Console) -> None:
@@ -60,7 +63,7 @@ def run_suite(name: str, opts: BenchOptions, console: Console) -> None:
 def main(argv: list[str] | None = None) -> None:
     opts = parse(argv)
     load_dotenv_file()
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 150)  # a log file gets whole tables
     for name in SUITES if opts.suite == "all" else (opts.suite,):
         run_suite(name, opts, console)
 

@@ -13,7 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from configs.loader import ConfigError, apply_override, format_errors, parse_override
+from configs.loader import ConfigError, apply_override, format_errors, load_config, parse_override
+from configs.schema import Config
 
 SUITES = ("tools", "env", "prompt", "rollout", "train", "job", "e2e", "scale")
 Suite = Literal["tools", "env", "prompt", "rollout", "train", "job", "e2e", "scale", "all"]
@@ -25,6 +26,12 @@ class Section(BaseModel):
 
 class CallsOptions(Section):
     calls: int = Field(300, ge=1, description="calls per measurement (suites tools, env, rollout)")
+
+
+class RolloutOptions(Section):
+    """Suite `rollout`: engines, push modes, async against lockstep."""
+
+    vllm: Literal["auto", "on", "off"] = Field("auto", description="the vLLM parts: auto = if installed, not --quick")
 
 
 class TrainOptions(Section):
@@ -81,7 +88,7 @@ class BenchOptions(Section):
     quick: bool = Field(False, description="smoke sizes: every figure present, none meaningful (the tests use it)")
     tools: CallsOptions = CallsOptions()
     env: CallsOptions = CallsOptions()
-    rollout: CallsOptions = CallsOptions()
+    rollout: RolloutOptions = RolloutOptions()
     train: TrainOptions = TrainOptions()
     job: JobOptions = JobOptions()
     e2e: E2EOptions = E2EOptions()
@@ -98,3 +105,7 @@ class BenchOptions(Section):
             return cls.model_validate(tree)
         except ValidationError as e:
             raise ConfigError(format_errors(e, "bench options")) from None
+
+    def mcprl_config(self) -> Config:
+        """The mcprl config the suites read tools, tasks and the model from (`--config`; built-in defaults)."""
+        return load_config(self.config)

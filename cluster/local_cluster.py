@@ -1,6 +1,6 @@
 """A real Ray cluster on this machine's loopback: a head and worker nodes started with `ray start`.
 
-What the multi-node tests and `jobs.benchmark --suite job` run against, started the way the README's runbook
+What the multi-node tests and `python -m bench --suite job` run against, started the way the README's runbook
 starts a cluster. Each node binds free ports for everything it listens on (so it lives beside the embedded Ray
 of a test session), is pinned to 127.0.0.1, has its own `--temp-dir` (so its own unpacked job working
 directories), and runs in its own session: stopping is killing that process group, only what we started.

@@ -1,32 +1,23 @@
-"""The `train` benchmark suite on tiny-random with tiny sizes: every figure is there and makes sense.
+"""The `train` benchmark suite at its `--quick` sizes (tiny-random): every figure is there and makes sense.
 
-One run of the whole suite on the session's Ray (2 learners, 2 HF engines); no timing is asserted."""
+One run of the whole suite on the session's Ray (3 learners, 2 HF engines), through the suite's `run` as
+`python -m bench` calls it; the CLI itself is the same for every suite (tests/bench/test_suites.py).
+No timing is asserted."""
 
 from __future__ import annotations
 
-import argparse
 import math
 import pickle
 
 import pytest
+from rich.console import Console
 
 from actors.adapter_io import read_adapter
 from actors.models import load_causal_lm
+from bench.options import BenchOptions
+from bench.train import FolderAdapter, make_batch, run
+from configs.loader import ConfigError
 from configs.schema import ModelConfig
-from jobs.bench_train import FolderAdapter, make_batch, options, run_train_suite
-
-TINY = {
-    "model": "tiny-random",
-    "samples": 4,
-    "prompt_tokens": 24,
-    "gen_tokens": 8,
-    "train_warmup": 1,
-    "train_steps": 1,
-    "pushes": 2,
-    "weight_pushes": 1,
-    "engines": 2,
-    "vllm": "off",
-}
 
 
 def positive(x: float) -> bool:
@@ -46,12 +37,14 @@ def test_make_batch_has_the_asked_shape() -> None:
 
 
 def test_options_reject_bad_values_by_name() -> None:
-    with pytest.raises(ValueError, match="--pushes must be an integer >= 1"):
-        options(argparse.Namespace(pushes=0))
-    with pytest.raises(ValueError, match="--vllm must be auto, on or off"):
-        options(argparse.Namespace(vllm="maybe"))
-    opts = options(argparse.Namespace(pushes=7, unrelated="x", config=None))  # another parser's namespace
-    assert opts.pushes == 7 and opts.model == "smollm2-135m-instruct" and not hasattr(opts, "unrelated")
+    with pytest.raises(ConfigError, match=r"train\.pushes: Input should be greater than or equal to 1 \(got 0\)"):
+        BenchOptions.parse({"suite": "train"}, ["train.pushes=0"])
+    with pytest.raises(ConfigError, match=r"train\.vllm: Input should be 'auto', 'on' or 'off'"):
+        BenchOptions.parse({}, ["train.vllm=maybe"])
+    with pytest.raises(ConfigError, match=r"train\.pushez: unknown key"):
+        BenchOptions.parse({}, ["train.pushez=3"])
+    opts = BenchOptions.parse({"suite": "train", "repeats": None}, ["train.pushes=7"])  # None: not given
+    assert opts.train.pushes == 7 and opts.train.model == "smollm2-135m-instruct" and opts.repeats == 3
 
 
 def test_folder_adapter_unpickles_as_the_folder_contents(tmp_path) -> None:
@@ -68,7 +61,8 @@ def test_folder_adapter_unpickles_as_the_folder_contents(tmp_path) -> None:
 
 
 def test_train_suite_reports_every_figure(ray_cluster) -> None:
-    report = run_train_suite(argparse.Namespace(**TINY))
+    result = run(BenchOptions(suite="train", quick=True), Console())
+    report = result.report
 
     assert report["machine"]["cores"] >= 1 and report["machine"]["cpu"]
     assert report["model"] == "tiny-random" and report["lora"]["r"] == 16 and report["dtype"] == "bfloat16"
@@ -122,5 +116,14 @@ def test_train_suite_reports_every_figure(ray_cluster) -> None:
     assert positive(w["export_s"]) and positive(w["push_s"])
     assert w["total_s"] == pytest.approx(w["export_s"] + w["push_s"])
 
-    assert report["vllm"] == {"skipped": "--vllm off"}
+    assert report["vllm"] == {"skipped": "train.vllm=off"}
     assert positive(report["wall_s"]) and positive(report["learner_setup_s"])
+
+    # the table: the learner beside its old path, the two push paths, the weight sync; medians of the runs
+    figures = {r.figure.split(" (")[0].split(" to ")[0]: r for r in result.rows}
+    assert set(figures) == {"learner tokens/s", "LoRA push", "full-weight sync"}
+    assert figures["learner tokens/s"].ours.values == [ln["tokens_per_step"] / s for s in ln["step_s"]]
+    push = figures["LoRA push"]
+    assert push.ours.values == a["total_all_ms"] and push.baseline.values == b["total_all_ms"]
+    assert push.better == "lower" and push.ratio == pytest.approx(lora["ratio"])
+    assert figures["full-weight sync"].baseline is None and figures["full-weight sync"].ours.values == w["total_all_s"]

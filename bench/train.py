@@ -1,12 +1,13 @@
 """Benchmark suite `train`: the learner's speed and the cost of getting its policy into the engines.
 
-    python -m jobs.bench_train [--model smollm2-135m-instruct] [--pushes 5] [--vllm auto|on|off] [--out FILE]
+    python -m bench --suite train [--set train.model=smollm2-135m-instruct] [--set train.pushes=5]
+                                  [--set train.vllm=auto|on|off]    (every size: bench/options.py TrainOptions)
 
 Measured side by side in one run, on an embedded Ray (or the Ray already running in this process):
 
 1. Learner tokens/s: one LearnerGroup worker (LoRA r=16 on q,k,v,o, bf16, gradient checkpointing) runs
    `train_step` on a GRPO-sized batch (16 samples: ~900 prompt tokens, ~100 generated tokens, random
-   token ids, logprobs and advantages). `--train-warmup` steps on 2 of the samples come first, left out;
+   token ids, logprobs and advantages). `train.train_warmup` steps on 2 of the samples come first, left out;
        tokens/s = (prompt + response tokens) / median step time,   generated tokens/s = response tokens / same.
    Beside it, stepping in turn with it, a second learner on the old path (`learner.selective_logits`
    false: the LM head at every position): `learner_selective_speedup` = its median step time / ours.
@@ -18,7 +19,7 @@ Measured side by side in one run, on an embedded Ray (or the Ray already running
        itself (actors.adapter_io.read_adapter runs inside the engine actor, where the `FolderAdapter`
        argument is unpickled) and loads it with the same `load_adapter`; then every engine's version
        is read back.
-   Figures are medians over `--pushes` rounds after one warm-up round. The split of (a): export; RPC
+   Figures are medians over `train.pushes` rounds after one warm-up round. The split of (a): export; RPC
    (a `version()` round trip); fetch (an engine resolving the ref, minus the RPC); load (the engine's own
    timing of `load_adapter`, as push_adapter reports it). (b): save; read + RPC (per-engine time − load);
    load (the engine's own timing, from the same call).
@@ -31,37 +32,28 @@ Numbers depend on the machine and its load: compare the rows of one run, not run
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
-import json
 import math
 import random
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import cluster.ray_env  # noqa: F401  (before ray: loopback-only listeners)
+from bench.options import BenchOptions, TrainOptions
+from bench.results import Row, SuiteResult, machine, spread
 from configs.schema import Config
 
-DEFAULTS: dict[str, Any] = {
-    "model": "smollm2-135m-instruct",
-    "samples": 16,
-    "prompt_tokens": 900,
-    "gen_tokens": 100,
-    "train_warmup": 2,
-    "train_steps": 3,
-    "pushes": 5,
-    "weight_pushes": 5,
-    "engines": 2,
-    "vllm": "auto",
-    "budget_s": 600.0,
-    "seed": 0,
-}
+# --quick: tiny-random, tiny batch, 2 HF engines, no vLLM (the tests' smoke run)
+QUICK = {
+    "model": "tiny-random", "samples": 4, "prompt_tokens": 24, "gen_tokens": 8, "train_warmup": 1,
+    "train_steps": 1, "pushes": 2, "weight_pushes": 1, "engines": 2, "vllm": "off",
+}  # fmt: skip
+
 GOAL_RATIO = 2.0  # object store at least this much faster than the disk path
 GOAL_PUSH_MS = 30.0  # push_adapter, every engine confirming, under this
 VLLM_RESERVE_S = 200.0  # what the vLLM part may take (start 30-100 s, pushes, shutdown): skipped without it
@@ -69,48 +61,7 @@ WARMUP_SAMPLES = 2  # warm-up train_steps run on this many samples of the batch
 LENGTH_SPREAD = 0.1  # sample lengths vary uniformly by ±10 % around the asked sizes
 
 
-def train_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default=DEFAULTS["model"], help="model name (a built-in, a folder or an HF id)")
-    p.add_argument("--samples", type=int, default=DEFAULTS["samples"], help="samples per train_step")
-    p.add_argument("--prompt-tokens", type=int, default=DEFAULTS["prompt_tokens"], help="mean prompt length")
-    p.add_argument("--gen-tokens", type=int, default=DEFAULTS["gen_tokens"], help="mean generated length")
-    p.add_argument("--train-warmup", type=int, default=DEFAULTS["train_warmup"], help="train steps left out")
-    p.add_argument("--train-steps", type=int, default=DEFAULTS["train_steps"], help="train steps measured")
-    p.add_argument("--pushes", type=int, default=DEFAULTS["pushes"], help="LoRA pushes measured per path")
-    p.add_argument("--weight-pushes", type=int, default=DEFAULTS["weight_pushes"], help="full-weight syncs measured")
-    p.add_argument("--engines", type=int, default=DEFAULTS["engines"], help="HF engines in the rollout group")
-    p.add_argument(
-        "--vllm", choices=("auto", "on", "off"), default=DEFAULTS["vllm"],
-        help="1 vLLM engine too: auto = when installed and the time budget allows",
-    )  # fmt: skip
-    p.add_argument("--budget-s", type=float, default=DEFAULTS["budget_s"], help="the whole suite's time budget")
-    p.add_argument("--seed", type=int, default=DEFAULTS["seed"])
-    p.add_argument("--out", default=None, help="write the report as JSON here")
-    return p
-
-
-def options(args: argparse.Namespace | None) -> argparse.Namespace:
-    """The suite's options: defaults, overlaid with whichever of them `args` carries (another parser's
-    namespace may be passed: unknown attributes are ignored). Bad values raise ValueError naming them."""
-    opts = argparse.Namespace(**DEFAULTS)
-    for key in DEFAULTS:
-        value = getattr(args, key, None) if args is not None else None
-        if value is not None:
-            setattr(opts, key, value)
-    for key in ("samples", "prompt_tokens", "gen_tokens", "train_steps", "pushes", "weight_pushes", "engines"):
-        if not isinstance(getattr(opts, key), int) or getattr(opts, key) < 1:
-            raise ValueError(
-                f"bench_train: --{key.replace('_', '-')} must be an integer >= 1, got {getattr(opts, key)!r}"
-            )
-    if not isinstance(opts.train_warmup, int) or opts.train_warmup < 0:
-        raise ValueError(f"bench_train: --train-warmup must be an integer >= 0, got {opts.train_warmup!r}")
-    if opts.vllm not in ("auto", "on", "off"):
-        raise ValueError(f"bench_train: --vllm must be auto, on or off, got {opts.vllm!r}")
-    return opts
-
-
-def bench_config(opts: argparse.Namespace, mode: str, backend: str = "hf", engines: int = 1) -> Config:
+def bench_config(opts: TrainOptions, mode: str, backend: str = "hf", engines: int = 1) -> Config:
     """One config per role. Fractional CPUs so that both learners and the engines fit a 2-core Ray; the
     threads are set by the actors themselves (learner: all cores; HF engines: a share each)."""
     return Config.model_validate(
@@ -220,7 +171,7 @@ async def bench_learner(learner: Any, batch: list[dict[str, Any]], warmup: int, 
         wall_s.append(time.perf_counter() - t)
         step_s.append(float(last["step_time_s"]))
         if not all(math.isfinite(float(last[k])) for k in ("policy_loss", "grad_norm")):
-            raise RuntimeError(f"bench_train: train_step gave non-finite metrics: {last}")
+            raise RuntimeError(f"bench train: train_step gave non-finite metrics: {last}")
     step = statistics.median(step_s)
     return {
         "samples": len(batch),
@@ -272,7 +223,7 @@ async def _confirm(rollout: Any, version: int) -> None:
     versions = await asyncio.gather(*(h.version.remote() for h in rollout.engines))
     wrong = {i: v for i, v in enumerate(versions) if v != version}
     if wrong:
-        raise RuntimeError(f"bench_train: after pushing v{version}, engines report {wrong}")
+        raise RuntimeError(f"bench train: after pushing v{version}, engines report {wrong}")
 
 
 async def push_object_store(learner: Any, rollout: Any, version: int) -> dict[str, Any]:
@@ -283,7 +234,7 @@ async def push_object_store(learner: Any, rollout: Any, version: int) -> dict[st
     result = await rollout.push_adapter(version, ref)
     t2 = time.perf_counter()
     if len(result["engines"]) != len(rollout.engines):
-        raise RuntimeError(f"bench_train: push_adapter v{version} reached engines {result['engines']} only")
+        raise RuntimeError(f"bench train: push_adapter v{version} reached engines {result['engines']} only")
     return {
         "export_s": t1 - t0,
         "push_s": t2 - t1,
@@ -410,7 +361,7 @@ async def bench_weight_sync(learner: Any, rollout: Any, pushes: int, first_versi
         result = await rollout.push_weights(version, refs)
         t2 = time.perf_counter()
         if len(result["engines"]) != len(rollout.engines):
-            raise RuntimeError(f"bench_train: push_weights v{version} reached engines {result['engines']} only")
+            raise RuntimeError(f"bench train: push_weights v{version} reached engines {result['engines']} only")
         if i == 0:
             chunks = len(refs)
             nbytes = sum(t.numel() * t.element_size() for c in await asyncio.gather(*refs) for t in c.values())
@@ -436,7 +387,7 @@ async def bench_weight_sync(learner: Any, rollout: Any, pushes: int, first_versi
 
 
 async def bench_engines(
-    cfg: Config, lora_learner: Any, full_learner: Any, opts: argparse.Namespace, root: Path
+    cfg: Config, lora_learner: Any, full_learner: Any, opts: TrainOptions, root: Path
 ) -> dict[str, Any]:
     """Start a rollout group (no tool pool: nothing here plays episodes), measure LoRA pushes and weight syncs."""
     from cluster.rollout_group import RolloutGroup
@@ -453,20 +404,16 @@ async def bench_engines(
     return out
 
 
-def run_train_suite(args: argparse.Namespace | None = None) -> dict[str, Any]:
+def run_train_suite(opts: TrainOptions, console: Any) -> dict[str, Any]:
     """Run the suite (see the module doc), print its tables, return every figure as a dict.
 
     Keys: machine, model, lora, dtype, learner_setup_s, learner (tokens/s...), hf (start_s, lora, weights),
     vllm (the same, or {"skipped": why}), wall_s. Uses the Ray this process already runs, else an embedded one."""
     import ray
-    from rich.console import Console
 
     from cluster.learner_group import LearnerGroup
     from cluster.ray_env import ray_session
-    from bench.results import machine
 
-    opts = options(args)
-    console = Console(width=None if sys.stdout.isatty() else 150)  # a log file gets the whole table
     t_start = time.perf_counter()
     lora_cfg = bench_config(opts, "lora", "hf", opts.engines)
     report: dict[str, Any] = {
@@ -507,7 +454,7 @@ def run_train_suite(args: argparse.Namespace | None = None) -> dict[str, Any]:
 
 
 async def _run_parts(
-    report: dict[str, Any], opts: argparse.Namespace, batch: list[dict[str, Any]], console: Any,
+    report: dict[str, Any], opts: TrainOptions, batch: list[dict[str, Any]], console: Any,
     lora_learner: Any, full_learner: Any, all_logits_learner: Any, root: Path, t_start: float,
 ) -> None:  # fmt: skip
     from actors.engines import vllm_available
@@ -528,7 +475,7 @@ async def _run_parts(
         report["hf"] = await bench_engines(lora_learner.cfg, lora_learner, full_learner, opts, root)
     elapsed = time.perf_counter() - t_start
     if opts.vllm == "off":
-        report["vllm"] = {"skipped": "--vllm off"}
+        report["vllm"] = {"skipped": "train.vllm=off"}
     elif not vllm_available():
         report["vllm"] = {"skipped": "vllm is not installed"}
     elif opts.vllm == "auto" and elapsed + VLLM_RESERVE_S > opts.budget_s:
@@ -628,20 +575,29 @@ def print_train(report: dict[str, Any], console: Any) -> None:
     console.print(f"suite wall time: {report['wall_s']:.0f} s")
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = train_parser().parse_args(argv)
-    try:
-        options(args)
-    except ValueError as e:
-        from jobs.cli import usage_error
-
-        usage_error(str(e))
-    report = run_train_suite(args)
-    out = Path(args.out or "bench_results/train.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2, default=str))
-    print(f"report: {out}")
-
-
-if __name__ == "__main__":
-    main()
+def run(opts: BenchOptions, console: Any) -> SuiteResult:
+    sizes = opts.train.model_copy(update=QUICK) if opts.quick else opts.train
+    report = run_train_suite(sizes, console)
+    ln, old = report["learner"], report["learner_all_logits"]
+    rows = [
+        Row(f"learner tokens/s ({report['model']}, {ln['samples']} samples, LoRA)", "tokens/s",
+            spread([ln["tokens_per_step"] / s for s in ln["step_s"]]),
+            spread([old["tokens_per_step"] / s for s in old["step_s"]]),
+            "LM head at every position (ours: only trained positions)"),
+    ]  # fmt: skip
+    for name in ("hf", "vllm"):
+        g = report.get(name, {})
+        if "lora" in g:
+            a, b = g["lora"]["object_store"], g["lora"]["disk"]
+            rows.append(
+                Row(f"LoRA push to {g['lora']['engines']} {name} engine(s), end to end", "ms",
+                    spread(a["total_all_ms"]), spread(b["total_all_ms"]), "save to disk, engines read it "
+                    "(ours: object store)", "lower", f">= {GOAL_RATIO:.0f}x; push_adapter < {GOAL_PUSH_MS:.0f} ms")
+            )  # fmt: skip
+        if "weights" in g:
+            w = g["weights"]
+            rows.append(
+                Row(f"full-weight sync to {w['engines']} {name} engine(s), {w['mb']:.0f} MB", "s",
+                    spread(w["total_all_s"]), better="lower")
+            )  # fmt: skip
+    return SuiteResult("train", report, rows)
