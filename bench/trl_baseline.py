@@ -55,15 +55,20 @@ class PoolTool(dict):
         return self is other
 
 
-def pool_tools(pool: Any, servers: set[str]) -> list[PoolTool]:
-    """The servers' tools as PoolTools; results are the text mcprl's env shows as the observation."""
-    from envs.mcp_tool_env import _result_text
+def pool_tools(pool: Any, servers: set[str], env_cfg: Any) -> list[PoolTool]:
+    """The servers' tools as PoolTools; a result is the text mcprl's env shows as the observation
+    (its `_result_text`, cut at `env_cfg.max_observation_chars` by the env's own `_message`)."""
+    from types import SimpleNamespace
+
+    from envs.mcp_tool_env import MCPToolEnv, _result_text
     from envs.parsing import ToolCall
     from tasks.inventory import inventory_tools_for_prompt
 
+    holder = SimpleNamespace(env_cfg=env_cfg)  # all `_message` reads of its env
+
     def call(server: str, tool: str, arguments: dict[str, Any]) -> str:
         result = run_sync(pool.call_tool(server, tool, arguments))
-        return _result_text(ToolCall(server, tool, arguments), result)
+        return MCPToolEnv._message(holder, _result_text(ToolCall(server, tool, arguments), result))["content"]
 
     listing = run_sync(pool.list_tools())
     return [PoolTool(d, call) for d in inventory_tools_for_prompt(listing, servers)]
@@ -131,7 +136,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from trl.chat_template_utils import qwen3_template
 
     from actors.models import load_causal_lm, load_tokenizer
-    from configs.schema import EnvConfig, ModelConfig, ToolsConfig
+    from configs.schema import BuiltinServers, EnvConfig, ModelConfig, ToolsConfig
     from envs.chat_template import served_chat_template
     from envs.prompting import encode
     from serve_apps.tool_pool import LocalToolPool
@@ -141,12 +146,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if not rows:
         raise SystemExit(f"error: --tasks {args.tasks}: no task rows")
     servers = {s["server"] for r in rows for s in r["reward_spec"]["ground_truth"]["tool_sequence"]}
+    unknown = servers - set(BuiltinServers.model_fields)
+    if unknown:
+        raise SystemExit(f"error: --tasks {args.tasks}: tasks use servers {sorted(unknown)}; only built-ins can be run")
     tools_cfg = ToolsConfig.model_validate(
-        {"servers": {n: {"enabled": n in servers} for n in ToolsConfig.model_fields["servers"].annotation.model_fields}}
+        {"servers": {n: {"enabled": n in servers} for n in BuiltinServers.model_fields}}
     )
     pool = run_sync(LocalToolPool.create(tools_cfg))
-    tools = pool_tools(pool, servers)
     env_cfg = EnvConfig()
+    tools = pool_tools(pool, servers, env_cfg)
     env_config = {"env": env_cfg, "tools": tools_cfg}
 
     model_cfg = ModelConfig(name=args.model, dtype=args.dtype)
