@@ -97,6 +97,7 @@ def run_mcprl(o: E2EOptions, tasks: Path, folder: Path) -> dict[str, Any]:
             "step_s": r["timing/step_s"],
             "episodes": r["rollout/episodes"],
             "tokens": r["rollout/episode_tokens"] * r["rollout/episodes"],
+            "turns": r["rollout/episode_len"],
             "reward": r["rollout/episode_reward"],
         }
         for r in rows
@@ -152,6 +153,7 @@ def figures(run: dict[str, Any], expected_steps: int) -> dict[str, float]:
         "episodes_per_s": sum(s["episodes"] for s in timed) / seconds,
         "tokens_per_s": sum(s["tokens"] for s in timed) / seconds,
         "tokens_per_step": statistics.mean(s["tokens"] for s in timed),
+        "turns_per_episode": statistics.mean(s["turns"] for s in steps),
         "reward_last": steps[-1]["reward"],
         "outside_steps_s": run["wall_s"] - math.fsum(s["step_s"] for s in steps),
     }
@@ -201,24 +203,27 @@ def run(opts: BenchOptions, console: Console) -> SuiteResult:
     step_ratio = rows[0].ratio
     console.print(f"TRL / mcprl step time: {step_ratio:.2f}× (goal ≥ 2×)" if step_ratio else "no step-time ratio")
     tokens = {side: statistics.median(values(side, "tokens_per_step")) for side in SIDES}
+    turns = {side: statistics.median(values(side, "turns_per_episode")) for side in SIDES}
     report = {
         "options": o.model_dump(),
         "repeats": repeats,
         "quick": opts.quick,
         "step_time_ratio_trl_over_mcprl": step_ratio,
         "tokens_per_step": tokens,
+        "turns_per_episode": turns,
         "generation": {side: runs[side][0]["generation"] for side in SIDES},
         "runs": runs,
     }
-    return SuiteResult("e2e", report, rows, notes=notes(o, tokens))
+    return SuiteResult("e2e", report, rows, notes=notes(o, tokens, turns))
 
 
-def notes(o: E2EOptions, tokens: dict[str, float]) -> list[str]:
+def notes(o: E2EOptions, tokens: dict[str, float], turns: dict[str, float]) -> list[str]:
     """Where the two sides do not do identical work."""
     return [
         f"Generation: mcprl uses its {o.mcprl_backend} engine (a Ray actor, LoRA pushed after every step); TRL uses "
         "transformers' generate in the trainer's process (no vLLM: TRL 1.16 supports vLLM ≤ 0.31, this venv has 0.32).",
-        f"Tokens per step (median): mcprl {tokens['mcprl']:.0f}, TRL {tokens['TRL']:.0f}. The same prompts and "
+        f"Tokens per step (median): mcprl {tokens['mcprl']:.0f}, TRL {tokens['TRL']:.0f}; assistant turns per "
+        f"episode: mcprl {turns['mcprl']:.2f}, TRL {turns['TRL']:.2f}. The same prompts and "
         "tool block (SmolLM2's template with mcprl's tool block, envs/chat_template.py), but the episodes differ: "
         "mcprl ends an episode on <answer>, on max_turns or when a task without a final answer is done; TRL ends "
         "it when a turn makes no tool call, and drops a tool result that would overflow its completion budget "

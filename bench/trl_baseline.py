@@ -14,8 +14,9 @@ What it shares with `python -m jobs.train --config configs/bench-e2e.yaml`:
   reward as an mcprl episode), the episode's reward being the sum of its turns' rewards as in mcprl;
 - group size, tasks per step, temperature, lr, clip range (0.2 / 0.28), token-mean loss, no KL.
 
-Per step (a TrainerCallback): wall time, episodes, tokens (prompt + completion of every episode, tool
-results included, as mcprl's `rollout/episode_tokens` counts them) and the mean reward; written as JSON.
+Per step (a TrainerCallback): wall time, episodes, assistant turns per episode, tokens (prompt + completion
+of every episode, tool results included, as mcprl's `rollout/episode_tokens` counts them) and the mean
+reward; written as JSON.
 """
 
 from __future__ import annotations
@@ -166,7 +167,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # The row's own messages; the template adds the tool block from `tools=` as mcprl's env does.
     dataset = Dataset.from_list([{"prompt": r["prompt"], "task": json.dumps(r)} for r in rows])
     steps: list[dict[str, Any]] = []
-    pending: dict[str, Any] = {"tokens": 0, "episodes": 0, "rewards": []}
+    pending: dict[str, Any] = {"tokens": 0, "episodes": 0, "turns": 0, "rewards": []}
 
     def prompt_tokens(prompt: list[dict[str, Any]]) -> int:
         return len(
@@ -180,6 +181,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         rewards = [episode_reward(json.loads(t), c, pool, env_config) for t, c in zip(task, completions, strict=True)]
         pending["tokens"] += sum(prompt_tokens(p) + len(ids) for p, ids in zip(prompts, completion_ids, strict=True))
         pending["episodes"] += len(completions)
+        pending["turns"] += sum(m.get("role") == "assistant" for c in completions for m in c)
         pending["rewards"] += rewards
         return rewards
 
@@ -196,10 +198,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "step_s": time.monotonic() - self.t0,
                     "episodes": pending["episodes"],
                     "tokens": pending["tokens"],
+                    "turns": pending["turns"] / max(pending["episodes"], 1),
                     "reward": sum(rewards) / len(rewards) if rewards else float("nan"),
                 }
             )
-            pending.update(tokens=0, episodes=0, rewards=[])
+            pending.update(tokens=0, episodes=0, turns=0, rewards=[])
 
     batch = args.tasks_per_step * args.group_size
     config = GRPOConfig(

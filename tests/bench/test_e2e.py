@@ -57,7 +57,7 @@ def test_e2e_quick_writes_sensible_figures(tmp_path: Path) -> None:
         # Every step played tasks_per_step x group_size episodes, each with a prompt of hundreds of tokens.
         assert [s["episodes"] for s in run["steps"]] == [4 * 2, 4 * 2]
         assert all(s["tokens"] > 8 * 100 for s in run["steps"])
-        assert all(-5 <= s["reward"] <= 5 for s in run["steps"])
+        assert all(-5 <= s["reward"] <= 5 and 1 <= s["turns"] <= 2 for s in run["steps"])
     # The same prompts on both sides: per-episode tokens within a factor of each other (the episodes differ).
     per_step = report["tokens_per_step"]
     assert 0.25 < per_step["TRL"] / per_step["mcprl"] < 4
