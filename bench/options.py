@@ -59,15 +59,24 @@ class JobOptions(Section):
 
 
 class E2EOptions(Section):
-    """Suite `e2e`: mcprl's GRPO step against TRL's GRPOTrainer on the same work."""
+    """Suite `e2e`: mcprl's GRPO step against TRL's GRPOTrainer on the same work (`--quick`: tiny-random,
+    2 steps, 8 new tokens, mcprl on its HF engine, 1 repeat)."""
 
     model: str = Field("smollm2-135m-instruct", description="the policy both trainers start from")
-    steps: int = Field(5, ge=1, description="GRPO steps per trainer and repeat (the first is left out of step time)")
+    steps: int = Field(5, ge=2, description="GRPO steps per trainer and repeat (the first is left out of step time)")
     tasks_per_step: int = Field(2, ge=1, description="prompts per step")
     group_size: int = Field(4, ge=2, description="completions per prompt (G)")
     max_new_tokens: int = Field(64, ge=1, description="new tokens per turn")
     max_turns: int = Field(2, ge=1, description="assistant turns per episode")
-    lora_r: int = Field(16, ge=1, description="LoRA rank, on q,k,v,o for both")
+    lora_r: int = Field(16, ge=1, description="LoRA rank, on q,k,v,o for both (alpha = 2r)")
+    lr: float = Field(1e-4, gt=0, description="learning rate of both (constant, no warm-up)")
+    temperature: float = Field(1.0, gt=0, description="sampling temperature of both")
+    observation_tokens: int = Field(
+        512, ge=0, description="TRL: room for tool results in its whole-completion budget (see bench/trl_baseline.py)"
+    )
+    mcprl_backend: Literal["vllm", "hf"] = Field("vllm", description="mcprl's rollout engine (TRL uses HF generate)")
+    config: str = Field("configs/bench-e2e.yaml", description="mcprl's run config; the sizes above are --set on it")
+    tasks: int = Field(32, ge=1, description="rule tasks (polygon, simple) generated for both trainers")
     seed: int = 0
 
 

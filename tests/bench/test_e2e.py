@@ -1,0 +1,139 @@
+"""Suite `e2e` run as a user runs it: `python -m bench --suite e2e --quick` in a fresh process, which
+itself starts TRL's GRPOTrainer and `jobs.train` (tiny-random, 2 steps each, on their own embedded
+processes; no Ray cluster of the test session is joined)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cluster.local_cluster import ROOT, clean_env
+
+pytest.importorskip("trl", reason="TRL is the baseline: pip install -e '.[bench]'")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_e2e_quick_writes_sensible_figures(tmp_path: Path) -> None:
+    env = clean_env({"HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")})
+    cmd = [sys.executable, "-m", "bench", "--suite", "e2e", "--quick", "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=580)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "TRL / mcprl step time" in proc.stdout
+
+    doc = json.loads((tmp_path / "e2e.json").read_text())
+    assert (tmp_path / "e2e.png").stat().st_size > 0
+    table = (tmp_path / "e2e.md").read_text()
+    assert "wall time per step" in table and "TRL 1.16 GRPOTrainer" in table
+
+    rows = {r["figure"]: r for r in doc["rows"]}
+    assert set(rows) == {
+        "wall time per step",
+        "episodes/s end to end",
+        "tokens/s end to end",
+        "reward after N steps (noisy)",
+        "start-up + teardown",
+    }
+    for row in rows.values():
+        for side in (row["ours"], row["baseline"]):
+            assert side["n"] == 1 and all(math.isfinite(v) for v in side["values"])
+    for name in ("wall time per step", "episodes/s end to end", "tokens/s end to end", "start-up + teardown"):
+        assert rows[name]["ours"]["median"] > 0 and rows[name]["baseline"]["median"] > 0
+        assert rows[name]["ratio"] > 0
+    assert rows["reward after N steps (noisy)"]["ratio"] is None or rows["reward after N steps (noisy)"]["ratio"] > 0
+
+    report = doc["report"]
+    assert report["options"]["model"] == "tiny-random" and report["options"]["steps"] == 2
+    for side in ("TRL", "mcprl"):
+        (run,) = report["runs"][side]
+        # Every step played tasks_per_step x group_size episodes, each with a prompt of hundreds of tokens.
+        assert [s["episodes"] for s in run["steps"]] == [4 * 2, 4 * 2]
+        assert all(s["tokens"] > 8 * 100 for s in run["steps"])
+        assert all(-5 <= s["reward"] <= 5 and 1 <= s["turns"] <= 2 for s in run["steps"])
+    # The same prompts on both sides: per-episode tokens within a factor of each other (the episodes differ).
+    per_step = report["tokens_per_step"]
+    assert 0.25 < per_step["TRL"] / per_step["mcprl"] < 4
+    assert "TRL" in " ".join(doc["notes"]) and doc["notes"]
+
+
+@pytest.fixture(scope="module")
+def polygon() -> Iterator[tuple[Any, list[dict[str, Any]]]]:
+    """The offline polygon server in this process, and one rule task that calls it."""
+    from bench.doubles import rule_rows
+    from configs.schema import BuiltinServers, ToolsConfig
+    from envs.mcp_tool_env import run_sync
+    from serve_apps.tool_pool import LocalToolPool
+
+    cfg = ToolsConfig.model_validate({"servers": {n: {"enabled": n == "polygon"} for n in BuiltinServers.model_fields}})
+    pool = run_sync(LocalToolPool.create(cfg))
+    rows = [
+        r
+        for r in rule_rows(12)
+        if {s["server"] for s in r["reward_spec"]["ground_truth"]["tool_sequence"]} == {"polygon"}
+    ]
+    assert rows, "rule tasks on polygon alone"
+    yield pool, rows
+    run_sync(pool.close())
+
+
+def test_trl_is_shown_the_prompt_mcprl_renders(polygon: tuple[Any, list[dict[str, Any]]]) -> None:
+    from actors.models import load_tokenizer
+    from bench.trl_baseline import pool_tools
+    from configs.schema import EnvConfig, ModelConfig
+    from envs.chat_template import served_chat_template
+    from envs.mcp_tool_env import MCPToolEnv
+    from envs.prompting import render
+
+    pool, rows = polygon
+    env_cfg = EnvConfig()
+    tokenizer = load_tokenizer(ModelConfig(name="tiny-random"))
+    ours = MCPToolEnv({"env": env_cfg}, rows[0], tool_client=pool)
+    messages, _ = ours.init()
+    ours.close()
+    expected = render(tokenizer, messages)  # SmolLM2's template ignores tools: the env put them in the system message
+
+    tools = pool_tools(pool, {"polygon"}, env_cfg)
+    assert {t.__name__ for t in tools} == {
+        "polygon.previous_close",
+        "polygon.daily_aggregates",
+        "polygon.ticker_details",
+    }
+    tokenizer.chat_template = served_chat_template(tokenizer, env_cfg)
+    shown = tokenizer.apply_chat_template(rows[0]["prompt"], tools=tools, add_generation_prompt=True, tokenize=False)
+    assert shown == expected
+
+
+def test_trl_completions_get_mcprl_episode_reward(polygon: tuple[Any, list[dict[str, Any]]]) -> None:
+    from bench.trl_baseline import episode_reward, pool_tools
+    from configs.schema import EnvConfig
+
+    pool, rows = polygon
+    row = rows[0]
+    env_config = {"env": EnvConfig()}
+    step = row["reward_spec"]["ground_truth"]["tool_sequence"][0]
+    name = f"{step['server']}.{step['tool']}"
+    (tool,) = [t for t in pool_tools(pool, {"polygon"}, EnvConfig()) if t.__name__ == name]
+    result = tool(**step["params"])
+    assert result.startswith(f"{name} returned:")
+    value = row["reward_spec"]["ground_truth"]["final_answer"]["value"]
+    # As TRL's loop leaves it: a parsed call, the tool's message, then the answer turn.
+    expert = [
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": name, "arguments": step["params"]}}],
+        },
+        {"role": "tool", "name": name, "content": result},
+        {"role": "assistant", "content": f"<answer>{value}</answer>"},
+    ]
+    silent = [{"role": "assistant", "content": "I do not know."}]
+    good, bad = episode_reward(row, expert, pool, env_config), episode_reward(row, silent, pool, env_config)
+    assert good > 1.0 > bad, (good, bad)
