@@ -130,17 +130,6 @@ def run_trl(o: E2EOptions, tasks: Path, folder: Path) -> dict[str, Any]:
     return {**json.loads(out.read_text()), "wall_s": wall}
 
 
-class SignedRow(Row):
-    """A row whose figure may be zero or negative (a reward): a ratio of such medians says nothing, so
-    it has none. (bench/results.py's Row assumes positive figures.)"""
-
-    @property
-    def ratio(self) -> float | None:
-        if self.baseline is None or self.ours.median <= 0 or self.baseline.median <= 0:
-            return None
-        return Row.ratio.fget(self)
-
-
 def figures(run: dict[str, Any], expected_steps: int) -> dict[str, float]:
     """One run's figures; the first step is warm-up (model load into the engine, first compile)."""
     steps = run["steps"]
@@ -194,9 +183,7 @@ def run(opts: BenchOptions, console: Console) -> SuiteResult:
         return [r["figures"][key] for r in runs[side]]
 
     rows = [
-        (SignedRow if key == "reward_last" else Row)(
-            figure, unit, spread(values("mcprl", key)), spread(values("TRL", key)), "TRL 1.16 GRPOTrainer", better
-        )
+        Row(figure, unit, spread(values("mcprl", key)), spread(values("TRL", key)), "TRL 1.16 GRPOTrainer", better)
         for key, figure, unit, better in ROWS
     ]
     rows[0].goal = "≤ 0.5× TRL's (ratio ≥ 2)"

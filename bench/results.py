@@ -74,8 +74,9 @@ class Row:
 
     @property
     def ratio(self) -> float | None:
-        """> 1 means ours is better: baseline/ours for times, ours/baseline for rates."""
-        if self.baseline is None or self.baseline.median == 0 or self.ours.median == 0:
+        """> 1 means ours is better: baseline/ours for times, ours/baseline for rates. None where a median
+        is not positive (a reward may be 0 or negative: a ratio of such figures says nothing)."""
+        if self.baseline is None or self.baseline.median <= 0 or self.ours.median <= 0:
             return None
         b, o = self.baseline.median, self.ours.median
         return b / o if self.better == "lower" else o / b
