@@ -46,6 +46,35 @@ TOOL_REPLICA_CPUS = 0.2  # python replicas' logical CPUs in sweep 1: 4 fit a 2-C
 SCRIPTED_ACTOR_CPUS = 0.1
 
 
+# Process titles (Ray names a worker after its actor) of the CPU groups, checked in this order.
+CPU_GROUPS = (
+    ("tool replicas", ("ray::ServeReplica:mcp-",)),
+    ("runner", ("ray::ProbedRunnerHost",)),
+    ("engines", ("ray::ScriptedEngineHost",)),
+    ("serve proxy+controller", ("ray::ProxyActor", "ray::ServeController")),
+)
+
+
+def cpu_seconds() -> dict[str, float]:
+    """CPU seconds used so far by this process's Ray processes (this process started the local Ray), by
+    role, by this driver, and by the whole machine (every user's work: the cores are shared)."""
+    import psutil
+
+    out: Counter[str] = Counter()
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            title, t = " ".join(proc.cmdline()), proc.cpu_times()
+        except psutil.Error:  # gone since listed
+            continue
+        group = next((g for g, prefixes in CPU_GROUPS if title.startswith(prefixes)), "other Ray processes")
+        out[group] += t.user + t.system
+    me = psutil.Process().cpu_times()
+    out["driver"] = me.user + me.system
+    m = psutil.cpu_times()
+    out["machine (all users)"] = m.user + m.system + m.nice + getattr(m, "irq", 0.0) + getattr(m, "softirq", 0.0)
+    return dict(out)
+
+
 def _ms(values: list[float], q: float) -> float:
     if not values:
         return 0.0
@@ -61,6 +90,11 @@ def _summary(values: list[float]) -> dict[str, float]:
         "p90": _ms(values, 0.9),
         "max": max(values, default=0.0),
     }
+
+
+def repeats(opts: BenchOptions) -> int:
+    """Smoke runs measure each point twice: enough for a spread, not for a figure."""
+    return min(opts.repeats, 2) if opts.quick else opts.repeats
 
 
 def alternating(points: list[int], repeat: int) -> list[int]:
@@ -87,7 +121,7 @@ class ScriptedEngineHost:
         return self.engine.version()
 
     def stats(self) -> dict[str, Any]:
-        return {**self.engine.stats(), "cpu_s": time.process_time()}
+        return self.engine.stats()
 
 
 class TimedToolClient:
@@ -154,7 +188,6 @@ class ProbedRunnerHost(RunnerHost):
         self.gen_ms: list[float] = []
         self.runner.engines = [TimedEngine(e, self.gen_ms) for e in self.runner.engines]
         self.lag_ms: list[float] = []
-        self.cpu_s = 0.0
 
     def set_in_flight(self, n: int) -> None:
         self.runner.max_concurrent = n
@@ -164,11 +197,9 @@ class ProbedRunnerHost(RunnerHost):
         self.gen_ms.clear()
         self.lag_ms = []
         probe = asyncio.create_task(self._probe_lag())
-        cpu = time.process_time()
         try:
             return await super().run(tasks, group_size, sampling)
         finally:
-            self.cpu_s = time.process_time() - cpu
             probe.cancel()
 
     async def _probe_lag(self) -> None:
@@ -187,7 +218,6 @@ class ProbedRunnerHost(RunnerHost):
             "end_episode_ms": _summary(t.end_ms),
             "generate_ms": _summary(self.gen_ms),
             "loop_lag_ms": _summary(self.lag_ms),
-            "runner_cpu_s": self.cpu_s,
             "peak_calls_per_server": dict(t.peak),
             "not_ok": dict(t.not_ok),
         }
@@ -260,17 +290,17 @@ def tool_pool_sweep(opts: BenchOptions, console: Console) -> dict[str, Any]:
     py.sandbox.wall_time_s = py.sandbox.cpu_time_s = 60
     per: dict[int, list[float]] = {r: [] for r in replicas}
     pool = None
-    with _ray_up(cfg):
-        try:
-            for k in range(opts.repeats):
-                for r in alternating(replicas, k):
+    try:
+        for k in range(repeats(opts)):
+            for r in alternating(replicas, k):
+                if pool is None or py.replicas != r:  # the reversed order repeats the last point: no redeploy
                     py.replicas = r
                     pool = deploy_pool(cfg.tools)  # redeploys the python app with r replicas
-                    with console.status(f"tool pool: python tool, {r} replica(s), repeat {k + 1}/{opts.repeats}"):
-                        per[r].append(asyncio.run(python_calls_per_s(pool, code, calls, concurrency, warm=r)))
-        finally:
-            if pool is not None:
-                undeploy_pool(pool)
+                with console.status(f"tool pool: python tool, {r} replica(s), repeat {k + 1}"):
+                    per[r].append(asyncio.run(python_calls_per_s(pool, code, calls, concurrency, warm=r)))
+    finally:
+        if pool is not None:
+            undeploy_pool(pool)
     return {"replicas": replicas, "calls": calls, "in_flight": concurrency, "calls_per_s": per}
 
 
@@ -293,9 +323,11 @@ def _rows_without_python(n: int) -> list[dict[str, Any]]:
 async def _play(runner: Any, rows: list[dict[str, Any]], in_flight: int, episodes: int) -> dict[str, Any]:
     await runner.set_in_flight.remote(in_flight)
     tasks = [rows[i % len(rows)] for i in range(episodes)]
+    cpu = cpu_seconds()
     start = time.perf_counter()
     trajs = await runner.run.remote(tasks, 1)
     wall = time.perf_counter() - start
+    cores = {g: round((s - cpu.get(g, 0.0)) / wall, 3) for g, s in cpu_seconds().items()}
     bad = [t for t in trajs if t.infra_fault or t.finish_reason != "done"]
     if bad or len(trajs) != episodes:
         raise RuntimeError(
@@ -311,6 +343,7 @@ async def _play(runner: Any, rows: list[dict[str, Any]], in_flight: int, episode
         "wall_s": wall,
         "episodes_per_s": episodes / wall,
         "turns": sum(t.turns for t in trajs),
+        "cores_used": cores,  # CPU seconds per wall second, by process group
         **probe,
     }
 
@@ -333,7 +366,8 @@ async def _control_plane(opts: BenchOptions, cfg: Any, rows: list[dict[str, Any]
         engine_cls = remote_class(ScriptedEngineHost).options(
             num_cpus=SCRIPTED_ACTOR_CPUS, max_concurrency=ENGINE_MAX_CONCURRENCY
         )
-        engines = [engine_cls.remote(cfg, rows, opts.cplane.gen_ms / 1e3) for _ in range(opts.cplane.engines)]
+        count = 1 if opts.quick else opts.cplane.engines
+        engines = [engine_cls.remote(cfg, rows, opts.cplane.gen_ms / 1e3) for _ in range(count)]
         runner = (
             remote_class(ProbedRunnerHost)
             .options(**cfg.rollout.runner_resources.actor_options(), max_concurrency=1000)
@@ -342,7 +376,7 @@ async def _control_plane(opts: BenchOptions, cfg: Any, rows: list[dict[str, Any]
         with console.status("control plane: warm-up"):
             await _play(runner, rows, len(rows), len(rows))  # first calls of each tool and template
         results: dict[int, list[dict[str, Any]]] = defaultdict(list)
-        for k in range(opts.repeats):
+        for k in range(repeats(opts)):
             for n in alternating([1, *points], k):
                 episodes = ref_episodes if n == 1 else rounds * n
                 with console.status(f"control plane: {n} in flight, {episodes} episodes, repeat {k + 1}"):
@@ -358,11 +392,11 @@ async def _control_plane(opts: BenchOptions, cfg: Any, rows: list[dict[str, Any]
         "points": [1, *points],
         "rounds": rounds,
         "reference_episodes": ref_episodes,
-        "engines": opts.cplane.engines,
+        "engines": len(engines),
         "gen_ms": opts.cplane.gen_ms,
         "tasks": len(rows),
         "servers": sorted(pool.handles),
-        "engine_cpu_s": [s["cpu_s"] for s in engine_stats],
+        "engine_generations": sum(s["calls"] for s in engine_stats),
         "runs": {n: runs for n, runs in results.items()},
     }
 
@@ -374,8 +408,7 @@ def control_plane_sweep(opts: BenchOptions, console: Console) -> dict[str, Any]:
     cfg.rollout.max_model_len = 32768
     with console.status(f"control plane: generating {opts.cplane.tasks} rule tasks"):
         rows = _rows_without_python(opts.cplane.tasks)
-    with _ray_up(cfg):
-        return asyncio.run(_control_plane(opts, cfg, rows, console))
+    return asyncio.run(_control_plane(opts, cfg, rows, console))
 
 
 # --------------------------------------------------------------------------- figures
@@ -399,15 +432,21 @@ def _bend(cp: dict[str, Any]) -> str:
     steps = [(med[b] / med[a] if med[a] > 0 else float("inf"), a, b) for a, b in itertools.pairwise(points)]
     growth, a, b = max(steps)
     peak = {n: statistics.median(max(r["peak_calls_per_server"].values(), default=0) for r in runs[n]) for n in points}
-    cpu = {n: statistics.median(r["runner_cpu_s"] / r["wall_s"] for r in runs[n]) for n in points}
+
+    def cores(n: int) -> str:
+        groups = runs[n][0]["cores_used"]
+        return ", ".join(f"{g} {statistics.median(r['cores_used'].get(g, 0.0) for r in runs[n]):.2f}" for g in groups)
+
     return (
         f"per-call overhead (median) {med[a]:.2f} -> {med[b]:.2f} ms from {a} to {b} in flight ({growth:.2f}x, the "
         f"steepest step); with it the runner's loop lag {m(a, 'loop_lag_ms'):.2f} -> {m(b, 'loop_lag_ms'):.2f} ms "
-        f"(p90 {m(a, 'loop_lag_ms', 'p90'):.1f} -> {m(b, 'loop_lag_ms', 'p90'):.1f}), the runner process busy "
-        f"{cpu[a]:.0%} -> {cpu[b]:.0%} of the wall time, generate round trip beyond {cp['gen_ms']:g} ms "
+        f"(p90 {m(a, 'loop_lag_ms', 'p90'):.1f} -> {m(b, 'loop_lag_ms', 'p90'):.1f}), "
+        f"generate round trip beyond {cp['gen_ms']:g} ms "
         f"{m(a, 'generate_ms') - cp['gen_ms']:.1f} -> {m(b, 'generate_ms') - cp['gen_ms']:.1f} ms, end_episode "
         f"{m(a, 'end_episode_ms'):.1f} -> {m(b, 'end_episode_ms'):.1f} ms, peak concurrent calls on one server "
-        f"{peak[a]:.0f} -> {peak[b]:.0f} (one replica each; Serve queues beyond {SERVE_MAX_ONGOING} per replica)"
+        f"{peak[a]:.0f} -> {peak[b]:.0f} (one replica each; "
+        f"Serve queues beyond {SERVE_MAX_ONGOING} per replica). Cores used (CPU s per wall s) "
+        f"at {a}: {cores(a)}; at {b}: {cores(b)}"
     )
 
 
@@ -463,8 +502,9 @@ def figures(tp: dict[str, Any], cp: dict[str, Any]) -> tuple[list[Row], list[Cur
 def sweeps(opts: BenchOptions, console: Console) -> tuple[list[Row], list[Curve], dict, list[str]]:
     """Both sweeps: (rows, curves, a JSON-able report, notes). Brings Ray up unless it is up already; deploys
     (and removes) the tool pool's `mcp-*` Serve applications, so call it with no pool deployed."""
-    tp = tool_pool_sweep(opts, console)
-    cp = control_plane_sweep(opts, console)
+    with _ray_up(_config(opts)):
+        tp = tool_pool_sweep(opts, console)
+        cp = control_plane_sweep(opts, console)
     rows, curves, notes = figures(tp, cp)
     return rows, curves, {"tool_pool": tp, "control_plane": cp}, notes
 
