@@ -420,7 +420,7 @@ def _per_point(runs: dict[int, list[dict[str, Any]]], pick: Any) -> dict[int, Sp
 
 def _bend(cp: dict[str, Any]) -> str:
     """Where the per-call overhead grows fastest between neighbouring points, and what grew with it."""
-    runs = cp["runs"]
+    runs = {int(n): rs for n, rs in cp["runs"].items()}  # int keys, also when read back from JSON
     points = [n for n in cp["points"] if n != 1]
     med = {n: statistics.median(r["overhead_ms"]["median"] for r in runs[n]) for n in cp["points"]}
 
@@ -447,6 +447,18 @@ def _bend(cp: dict[str, Any]) -> str:
         f"{peak[a]:.0f} -> {peak[b]:.0f} (one replica each; "
         f"Serve queues beyond {SERVE_MAX_ONGOING} per replica). Cores used (CPU s per wall s) "
         f"at {a}: {cores(a)}; at {b}: {cores(b)}"
+    )
+
+
+def _saturation(eps: dict[int, Spread]) -> str:
+    """Past the throughput's peak, more in flight only queues: per-call time grows with in-flight / rate."""
+    peak = max(eps, key=lambda n: eps[n].median)
+    top = max(eps)
+    return (
+        f"Throughput: episodes/s peaks at {eps[peak].median:.3g} with {peak} in flight and is "
+        f"{eps[top].median:.3g} at {top}; once the cores are busy (machine CPU in cores_used) more episodes in "
+        "flight add waiting, not work, so each call's overhead grows about as in-flight / throughput (Little's "
+        "law): flat overhead to the largest point would need the control plane to have spare CPU there."
     )
 
 
@@ -495,6 +507,7 @@ def figures(tp: dict[str, Any], cp: dict[str, Any]) -> tuple[list[Row], list[Cur
         "call: Serve's handle routing and transport, the replica's queue, and the runner's event loop resuming "
         "the call (its lag is measured alongside).",
         "Bend: " + _bend(cp),
+        _saturation(eps),
     ]
     return rows, curves, notes
 
