@@ -16,8 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from configs.loader import ConfigError, apply_override, format_errors, load_config, parse_override
 from configs.schema import Config
 
-SUITES = ("tools", "env", "prompt", "rollout", "train", "job", "e2e", "scale")
-Suite = Literal["tools", "env", "prompt", "rollout", "train", "job", "e2e", "scale", "all"]
+SUITES = ("tools", "env", "prompt", "rollout", "train", "job", "e2e", "scale", "cplane")
+Suite = Literal["tools", "env", "prompt", "rollout", "train", "job", "e2e", "scale", "cplane", "all"]
 
 
 class Section(BaseModel):
@@ -89,6 +89,18 @@ class ScaleOptions(Section):
     in_flight: list[int] = Field([10, 100, 1000], description="episodes in flight of the control-plane sweep")
 
 
+class CplaneOptions(Section):
+    """Suite `cplane` (and suite `scale`'s tool-pool and control-plane sweeps): what each point of the
+    sweeps in `scale.replicas` and `scale.in_flight` runs."""
+
+    python_calls: int = Field(12, ge=1, description="CPU-bound python-tool calls per replica count and repeat")
+    rounds: int = Field(2, ge=1, description="episodes per in-flight slot: N in flight plays rounds x N episodes")
+    reference_episodes: int = Field(12, ge=1, description="episodes played one at a time: the per-call reference")
+    engines: int = Field(2, ge=1, description="scripted engine actors the runner routes across")
+    gen_ms: float = Field(20.0, ge=0, description="the scripted engines' time per generation")
+    tasks: int = Field(24, ge=1, description="rule tasks generated; those without a python call are played")
+
+
 class BenchOptions(Section):
     suite: Suite = "tools"
     repeats: int = Field(3, ge=1, description="each side-by-side comparison is repeated this many times")
@@ -102,6 +114,7 @@ class BenchOptions(Section):
     job: JobOptions = JobOptions()
     e2e: E2EOptions = E2EOptions()
     scale: ScaleOptions = ScaleOptions()
+    cplane: CplaneOptions = CplaneOptions()
 
     @classmethod
     def parse(cls, fields: dict[str, Any], overrides: list[str] = ()) -> BenchOptions:
