@@ -1,7 +1,7 @@
 """Suite `scale`'s tool-pool and control-plane sweeps; alone: `python -m bench --suite cplane`.
 
 1. Tool pool against replicas (`scale.replicas`): a CPU-bound python-tool program (~1 s of pure Python,
-   `jobs.benchmark.CPU_BOUND_CODE`) called through the real Serve tool pool's handle, 2 x the most replicas
+   `bench.tools.CPU_BOUND_CODE`) called through the real Serve tool pool's handle, 2 x the most replicas
    in flight, each replica running one program at a time; calls/s per replica count. Only the python
    server is deployed, redeployed at each point.
 2. The control plane toward cluster size (`scale.in_flight`): the training job's rollout path with the
@@ -39,7 +39,6 @@ from cluster.rollout_group import RunnerHost
 QUICK_REPLICAS = [1, 2]
 QUICK_IN_FLIGHT = [10, 50]
 # ~0.1 s of pure Python: smoke sizes only
-QUICK_CPU_CODE = "s = 0\nfor i in range(1_000_000):\n    s += i * i\nprint(s)\n"
 LAG_TICK_S = 0.01  # the runner's loop-lag probe sleeps this long and records the excess
 SERVE_MAX_ONGOING = 64  # serve_apps.tool_pool._app_for's max_ongoing_requests per replica
 TOOL_REPLICA_CPUS = 0.2  # python replicas' logical CPUs in sweep 1: 4 fit a 2-CPU embedded Ray
@@ -251,32 +250,13 @@ def _config(opts: BenchOptions) -> Any:
 # --------------------------------------------------------------------------- 1. tool pool vs replicas
 
 
-async def python_calls_per_s(pool: Any, code: str, calls: int, concurrency: int, warm: int) -> float:
-    """`calls` runs of `code` on the python tool with `concurrency` in flight, after `warm` untimed ones."""
-    from jobs.benchmark import _check
-
-    async def once() -> None:
-        _check(await pool.call_tool("python", "run_python", {"code": code}))
-
-    await asyncio.gather(*(once() for _ in range(warm)))
-    sem = asyncio.Semaphore(concurrency)
-
-    async def bounded() -> None:
-        async with sem:
-            await once()
-
-    start = time.perf_counter()
-    await asyncio.gather(*(bounded() for _ in range(calls)))
-    return calls / (time.perf_counter() - start)
-
-
 def tool_pool_sweep(opts: BenchOptions, console: Console) -> dict[str, Any]:
     """Python-tool calls/s per replica count, each count once per repeat, alternating order."""
-    from jobs.benchmark import CPU_BOUND_CODE
+    from bench.tools import CPU_BOUND_CODE, QUICK_CODE, bench_python_replicas
     from serve_apps.tool_pool import deploy_pool, undeploy_pool
 
     replicas = QUICK_REPLICAS if opts.quick else opts.scale.replicas
-    code = QUICK_CPU_CODE if opts.quick else CPU_BOUND_CODE
+    code = QUICK_CODE if opts.quick else CPU_BOUND_CODE
     calls = min(opts.cplane.python_calls, 3) if opts.quick else opts.cplane.python_calls
     concurrency = 2 * max(replicas)
     cfg = _config(opts)
@@ -297,7 +277,7 @@ def tool_pool_sweep(opts: BenchOptions, console: Console) -> dict[str, Any]:
                     py.replicas = r
                     pool = deploy_pool(cfg.tools)  # redeploys the python app with r replicas
                 with console.status(f"tool pool: python tool, {r} replica(s), repeat {k + 1}"):
-                    per[r].append(asyncio.run(python_calls_per_s(pool, code, calls, concurrency, warm=r)))
+                    per[r].append(asyncio.run(bench_python_replicas(pool, calls, concurrency, code, warm=r)))
     finally:
         if pool is not None:
             undeploy_pool(pool)

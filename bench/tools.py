@@ -87,11 +87,16 @@ async def bench_doors(cfg: Config, pool: Any, n: int, concurrency: int) -> dict[
     return results
 
 
-async def bench_python_replicas(pool: Any, calls: int, concurrency: int, code: str = CPU_BOUND_CODE) -> float:
+async def bench_python_replicas(
+    pool: Any, calls: int, concurrency: int, code: str = CPU_BOUND_CODE, warm: int = 1
+) -> float:
+    """Calls/s of `calls` runs of `code` on the python tool, `concurrency` in flight, after `warm` untimed
+    ones at once (one per replica warms every replica's sandbox)."""
+
     async def run() -> None:
         _check(await pool.call_tool("python", "run_python", {"code": code}))
 
-    await run()
+    await asyncio.gather(*(run() for _ in range(warm)))
     t = time.perf_counter()
     sem = asyncio.Semaphore(concurrency)
 
