@@ -327,8 +327,9 @@ def vllm_rows(report: dict[str, Any]) -> tuple[list[Row], list[str]]:
         "against a mean of 100 ms), so with near-equal turn counts async gains at most about "
         "(gen + 150) / (gen + 100) per turn, below 1.5x. The larger published gains (1.5-2.8x) come from "
         "episodes of very different lengths; these rule tasks take 2-3 turns. A measured ratio above the "
-        "fixed-generation figure means generation itself overlapped better in async (batching), which the "
-        "model leaves out.",
+        "fixed-generation figure means generation itself overlapped better in async; one below it, that "
+        "lockstep's full batches (every live episode generating at once) used the engine better than async's "
+        "staggered ones. The model leaves batching out.",
         "async vs lockstep: both modes play the same scripted episodes (each turn's answer is the task's expert "
         "call; the real generation before it is discarded), the same seeded tool latencies, on one engine whose "
         "prefix cache is emptied before each mode's run.",
