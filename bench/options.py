@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from configs.loader import ConfigError, apply_override, format_errors, load_config, parse_override
 from configs.schema import Config
@@ -87,6 +87,44 @@ class ScaleOptions(Section):
     tasks_per_step: list[int] = Field([1, 2, 4], description="tasks-per-step values of the step-time sweep")
     replicas: list[int] = Field([1, 2, 4], description="python tool replicas of the tool-pool sweep")
     in_flight: list[int] = Field([10, 100, 1000], description="episodes in flight of the control-plane sweep")
+    train_config: str = Field(
+        "configs/ci-tiny.yaml", description="the run the step-time sweep times (`python -m jobs.train`, one per point)"
+    )
+    sweep_tasks: int = Field(2, ge=1, description="tasks per step while G varies")
+    sweep_group: int = Field(4, ge=1, description="G while tasks per step varies")
+    vllm: Literal["auto", "on", "off"] = Field(
+        "auto", description="the async-vs-lockstep sweep on a vLLM engine: auto = when vLLM is installed"
+    )
+    vllm_model: str = Field("tiny-random", description="the vLLM engine's model (tiny-random or smollm2-135m-instruct)")
+    vllm_tasks: int = Field(8, ge=1, description="rule tasks of the async-vs-lockstep sweep (x 4 episodes each)")
+    vllm_tokens: tuple[int, int] = Field((16, 96), description="real new tokens per turn, uniform (low, high)")
+    vllm_in_flight: int = Field(16, ge=1, description="episodes in flight at most (both modes)")
+
+    @model_validator(mode="after")
+    def _check(self) -> ScaleOptions:
+        lo, hi = self.vllm_tokens
+        if not 1 <= lo <= hi:
+            raise ValueError(f"scale.vllm_tokens {list(self.vllm_tokens)}: expected 1 <= low <= high")
+        for key in ("group_sizes", "tasks_per_step"):
+            values = getattr(self, key)
+            if not values or min(values) < 1:
+                raise ValueError(f"scale.{key} {values}: expected a non-empty list of positive integers")
+        return self
+
+    def smoke(self) -> ScaleOptions:
+        """`--quick`: the smallest sizes that still run every sweep: 2 jobs.train processes (G 2 and 4 at 1 task
+        per step; the G=2 point is also the tasks-per-step sweep's one point), 2 tasks x 4 episodes a mode."""
+        return self.model_copy(
+            update={
+                "group_sizes": [2, 4],
+                "tasks_per_step": [1],
+                "sweep_tasks": 1,
+                "sweep_group": 2,
+                "vllm_tasks": 2,
+                "vllm_tokens": (4, 8),
+                "vllm_in_flight": 4,
+            }
+        )
 
 
 class CplaneOptions(Section):

@@ -1,0 +1,80 @@
+"""Suite `scale`'s smoke test: run as a user runs it, in a fresh process, at --quick sizes."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.options import BenchOptions
+from configs.loader import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def rows_by_figure(doc: dict) -> dict[str, dict]:
+    return {r["figure"].split(" (")[0]: r for r in doc["rows"]}
+
+
+def finite_values(spread: dict) -> list[float]:
+    assert spread["n"] == len(spread["values"]) >= 1
+    assert spread["min"] <= spread["median"] <= spread["max"]
+    return spread["values"]
+
+
+@pytest.mark.slow
+def test_scale_quick_writes_sensible_figures(tmp_path: Path) -> None:
+    env = os.environ | {"HF_HUB_OFFLINE": "1"}
+    env.pop("RAY_ADDRESS", None)  # the suite's jobs.train processes start their own Ray
+    cmd = [sys.executable, "-m", "bench", "--suite", "scale", "--quick", "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for ext in ("json", "md", "png"):
+        assert (tmp_path / f"scale.{ext}").stat().st_size > 0
+    doc = json.loads((tmp_path / "scale.json").read_text())
+
+    # Sweep 1: both curves of seconds per step (step, rollout, train) and of episodes/s, at the smoke sizes.
+    curves = {c["title"].split(" (")[0]: c for c in doc["curves"]}
+    for axis, xs in (("group size G", [2, 4]), ("tasks per step", [1])):
+        seconds = curves[f"seconds per GRPO step against {axis}"]
+        assert set(seconds["series"]) == {"step", "rollout", "train"}
+        for name, points in seconds["series"].items():
+            assert [x for x, _ in points] == xs, (axis, name)
+            assert all(v > 0 and math.isfinite(v) for _, s in points for v in finite_values(s))
+        step = {x: s["median"] for x, s in seconds["series"]["step"]}
+        parts = {x: s["median"] for x, s in seconds["series"]["rollout"]}
+        assert all(parts[x] < step[x] for x in xs)  # a phase of a step is shorter than the step
+        eps = curves[f"episodes/s against {axis}"]["series"]["episodes/s"]
+        assert all(v > 0 and math.isfinite(v) for _, s in eps for v in finite_values(s))
+    points = doc["report"]["step_time"]["points"]
+    assert points["G=2,tasks=1"]["episodes"] == [2.0] and points["G=4,tasks=1"]["episodes"] == [4.0]
+    g_row = rows_by_figure(doc)["episodes/s, group size G 4 vs 2"]
+    assert g_row["baseline_name"] == "group size G 2" and g_row["ratio"] > 0
+
+    # Sweep 2: async against lockstep on vLLM, both modes repeated, the same episodes played by each.
+    rows = rows_by_figure(doc)
+    if "vllm_async_vs_lockstep" in doc["report"]:
+        row = rows["episodes/s, async vs lockstep"]
+        assert row["baseline_name"] == "lockstep" and row["ours"]["n"] == row["baseline"]["n"] == 2
+        assert row["ratio"] > 0 and math.isfinite(row["ratio"])
+        v = doc["report"]["vllm_async_vs_lockstep"]
+        episodes = {r["episodes"] for rs in v["runs"].values() for r in rs}
+        assert episodes == {v["tasks"] * v["group_size"]}
+        assert all(r["real_tokens"] > 0 for rs in v["runs"].values() for r in rs)
+        assert 1.0 <= v["ideal_ratio"] <= v["ideal_ratio_free_generation"]
+    md = (tmp_path / "scale.md").read_text()
+    assert "episodes/s" in md and "| figure |" in md
+
+
+def test_scale_options_name_the_bad_key() -> None:
+    with pytest.raises(ConfigError, match=r"scale\.vllm_tokens"):
+        BenchOptions.parse({"suite": "scale"}, ["scale.vllm_tokens=[9,3]"])
+    with pytest.raises(ConfigError, match=r"scale\.group_sizes"):
+        BenchOptions.parse({"suite": "scale"}, ["scale.group_sizes=[]"])
+    quick = BenchOptions.parse({"suite": "scale", "quick": True}).scale.smoke()
+    assert quick.group_sizes == [2, 4] and quick.tasks_per_step == [1]
