@@ -20,7 +20,6 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import os
 import shutil
@@ -35,12 +34,13 @@ from typing import Any
 import yaml
 from rich.console import Console
 
+from bench import cplane
 from bench.doubles import LatentClient, RealCostExpertEngine, rule_rows
 from bench.options import BenchOptions, ScaleOptions
 from bench.results import Curve, Row, SuiteResult, spread
+from bench.rollout import ROLLOUT_GROUP, ROLLOUT_TOOL_S, predicted_ratio, rollout_config
 from cluster.local_cluster import ROOT, clean_env
 from configs.schema import Config
-from jobs.benchmark import ROLLOUT_GROUP, ROLLOUT_TOOL_S, predicted_ratio, rollout_config
 
 # --------------------------------------------------------------------------- 1. step time against size
 
@@ -362,12 +362,9 @@ def run(opts: BenchOptions, console: Console) -> SuiteResult:
         result.notes += vnotes
     else:
         result.notes.append("async vs lockstep on vLLM: skipped (vLLM is not installed, or scale.vllm=off)")
-    if importlib.util.find_spec("bench.cplane") is not None:  # the lead removes this guard at merge
-        from bench import cplane
-
-        crows, ccurves, creport, cnotes = cplane.sweeps(opts, console)
-        result.rows += crows
-        result.curves += ccurves
-        result.report["cplane"] = creport
-        result.notes += cnotes
+    crows, ccurves, creport, cnotes = cplane.sweeps(opts, console)
+    result.rows += crows
+    result.curves += ccurves
+    result.report["cplane"] = creport
+    result.notes += cnotes
     return result

@@ -1,4 +1,6 @@
-"""Suite `scale`'s smoke test: run as a user runs it, in a fresh process, at --quick sizes."""
+"""Suite `scale`'s smoke test: run as a user runs it, in a fresh process, at --quick sizes. The suite
+includes the control-plane and tool-pool sweeps of bench/cplane.py (its own embedded Ray, the real Serve
+tool pool, scripted engine and runner actors): they are checked here too."""
 
 from __future__ import annotations
 
@@ -69,6 +71,35 @@ def test_scale_quick_writes_sensible_figures(tmp_path: Path) -> None:
         assert 1.0 <= v["ideal_ratio"] <= v["ideal_ratio_free_generation"]
     md = (tmp_path / "scale.md").read_text()
     assert "episodes/s" in md and "| figure |" in md
+    check_cplane(doc)
+
+
+def check_cplane(doc: dict) -> None:
+    tp = doc["report"]["cplane"]["tool_pool"]
+    assert tp["replicas"] == [1, 2]
+    for values in tp["calls_per_s"].values():
+        assert len(values) == 2 and all(math.isfinite(v) and v > 0 for v in values)
+
+    cp = doc["report"]["cplane"]["control_plane"]
+    assert cp["points"] == [1, 10, 50]
+    for n, runs in cp["runs"].items():
+        assert len(runs) == 2
+        for r in runs:
+            assert r["episodes"] == (cp["reference_episodes"] if int(n) == 1 else int(n))
+            assert r["calls"] >= r["episodes"] and r["turns"] >= 2 * r["episodes"]  # a call and an answer each
+            assert math.isfinite(r["episodes_per_s"]) and r["episodes_per_s"] > 0
+            # Overhead is wall minus the replica's own time: positive, and below the whole run's wall.
+            assert 0 < r["overhead_ms"]["median"] < r["wall_s"] * 1e3
+            assert r["generate_ms"]["median"] >= cp["gen_ms"]  # never faster than the stand-in's delay
+            assert r["cores_used"]["runner"] > 0 and r["cores_used"]["tool replicas"] > 0
+            assert max(r["peak_calls_per_server"].values()) <= int(n)
+        if int(n) == 1:
+            assert all(max(r["peak_calls_per_server"].values()) == 1 for r in runs)
+
+    figures = {r["figure"] for r in doc["rows"]}
+    assert {"per-call overhead, 50 vs 10 in flight", "python tool calls/s, 2 vs 1 replica(s)"} <= figures
+    assert [c["log_x"] for c in doc["curves"]][-3:] == [False, True, True]
+    assert any(n.startswith("Bend: per-call overhead") for n in doc["notes"])
 
 
 def test_scale_options_name_the_bad_key() -> None:
