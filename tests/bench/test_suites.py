@@ -50,7 +50,7 @@ def rows_by_figure(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def test_bad_options_are_usage_errors_naming_the_key(tmp_path: Path) -> None:
     for args, said in (
         (["--suite", "nope"], "suite: Input should be 'tools'"),
-        (["--set", "e2e.steps=0"], "e2e.steps: Input should be greater than or equal to 1 (got 0)"),
+        (["--set", "e2e.steps=0"], "e2e.steps: Input should be greater than or equal to 2 (got 0)"),
         (["--set", "train.pushez=3"], "train.pushez: unknown key"),
         (["--config", "configs/none.yaml"], "config file not found: configs/none.yaml"),
     ):
