@@ -358,6 +358,10 @@ class VLLMEngine:
         save_file(tensors, str(folder / f"model-{index:05d}.safetensors"))
         return count + len(tensors)
 
+    async def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix (benchmarks that replay the same prompts in two settings need it)."""
+        await self._engine.reset_prefix_cache()
+
     # ------------------------------------------------------------------ introspection
 
     def version(self) -> int:

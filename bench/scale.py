@@ -171,8 +171,7 @@ class ColdCacheEngine:
 
     async def generate(self, prompt_token_ids: list[int], sampling: Any) -> Any:
         if self._reset is None:  # concurrent first requests all wait for the one reset
-            # VLLMEngine exposes no reset; AsyncLLM's public reset_prefix_cache on its engine does it.
-            self._reset = asyncio.ensure_future(self.engine._engine.reset_prefix_cache())
+            self._reset = asyncio.ensure_future(self.engine.reset_prefix_cache())
         await self._reset
         out = await self.engine.generate(prompt_token_ids, sampling)
         self.tokens += len(out.token_ids)
