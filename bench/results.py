@@ -11,6 +11,7 @@ import json
 import os
 import platform
 import statistics
+import textwrap
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -133,7 +134,9 @@ def chart(result: SuiteResult, path: Path) -> bool:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    paired = [r for r in result.rows if r.baseline is not None]
+    # Rows without a ratio (a median that is not positive, e.g. a negative reward) have no honest bar:
+    # divided by a negative baseline, a worse figure would stand taller. The table still shows them.
+    paired = [r for r in result.rows if r.baseline is not None and r.ratio is not None]
     panels = len(result.curves) + (1 if paired else 0)
     if not panels:
         return False
@@ -155,7 +158,8 @@ def chart(result: SuiteResult, path: Path) -> bool:
                     color=("#bbb", "#2a6")[j],
                     label=label if i == 0 else None,
                 )
-        ax.set_xticks(range(len(paired)), [f"{r.figure}\n({r.better} is better)" for r in paired], fontsize=7)
+        labels = [f"{textwrap.fill(r.figure, 16)}\n({r.better} is better)" for r in paired]
+        ax.set_xticks(range(len(paired)), labels, fontsize=7)
         ax.set_ylabel("relative to the baseline's median")
         ax.set_title(f"suite {result.suite}")
         ax.legend(fontsize=7)
