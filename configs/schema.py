@@ -468,7 +468,11 @@ class FinetuneConfig(Strict):
         "actors/qlora.py). full: every weight trains.",
     )
     lora: LoraConfig = Field(default_factory=LoraConfig)
-    init_adapter: str = Field("", description="LoRA: a PEFT adapter folder to start from (e.g. the warm start's).")
+    init_adapter: str = Field(
+        "",
+        description="LoRA: a PEFT adapter folder to start from (e.g. the warm start's). The engines serve it as "
+        "policy v1 before the first rollout, and the run evaluates it first (stage 'initial adapter', not 'base').",
+    )
 
     @property
     def trains_adapter(self) -> bool:

@@ -60,7 +60,7 @@ from jobs.cli import base_parser, setup, usage_error
 
 log = logging.getLogger("mcprl.train")
 
-STAGES = ("base", "after warm start", "after GRPO")
+INIT_STAGE = "initial adapter"  # the first stage of a run from finetune.init_adapter (instead of "base")
 RESUME_HINT = "Resume the run from its newest checkpoint with:\n  "
 HEALTH_STOP_EXIT = 3  # a run ended by health.stop_on (a crash exits 1)
 
@@ -99,6 +99,11 @@ def step_seed(cfg: Config, step: int, salt: int = 0) -> int | None:
     """Sampling seed of one step's rollouts: the runner derives one per episode and turn from it."""
     base = cfg.rollout.sampling.seed
     return None if base is None else (base * 1_000_003 + step * 7_919 + salt) % (2**31)
+
+
+def eval_figures(result: dict[str, Any]) -> dict[str, float]:
+    """An evaluation's numbers as `eval/...` metrics (its per-task and per-tool tables stay out of the log)."""
+    return {f"eval/{k}": v for k, v in result.items() if isinstance(v, int | float) and not isinstance(v, bool)}
 
 
 def greedy(cfg: Config) -> SamplingConfig:
@@ -161,7 +166,10 @@ class Driver:
         if ckpt is not None:
             await self._resume(ckpt)
         else:
-            await self._evaluate("base")
+            if self.cfg.finetune.init_adapter and self.cfg.finetune.trains_adapter:
+                await self._serve_init_adapter()
+            else:
+                await self._evaluate("base")
             if self.cfg.sft_warmup.enabled and self.cfg.finetune.trains_adapter:
                 await self._warm_start()
         await self._grpo_loop()
@@ -233,6 +241,15 @@ class Driver:
         if self.version > 0:
             await self._push(self.version)
 
+    async def _serve_init_adapter(self) -> None:
+        """`finetune.init_adapter`: the learner starts from it, so the engines must serve it too (policy v1)
+        before the first rollout, or step 1 would sample from the bare base while the learner scores its
+        tokens under the adapter. It is evaluated as the run's first stage."""
+        self.version = 1
+        await self._push(self.version)
+        print(f"initial adapter {self.cfg.finetune.init_adapter}: policy v{self.version} on the engines", flush=True)
+        await self._evaluate(INIT_STAGE)
+
     async def _grpo_loop(self) -> None:
         """GRPO steps up to train.steps: rollout, train, push, log, evaluate and checkpoint every k steps."""
         from cluster.learner_group import LearnerDied
@@ -265,9 +282,9 @@ class Driver:
             self.step = step + 1
             if cfg.data.validation and cfg.train.eval_every and self.step % cfg.train.eval_every == 0:
                 if self.step < cfg.train.steps:
-                    result = await self._eval_metrics()
+                    result = await self._eval_metrics(f"step {self.step}")
                     self.step_success[self.step] = float(result["success_rate"])
-                    metrics.update({f"eval/{k}": v for k, v in result.items()})
+                    metrics.update(eval_figures(result))
             self.tracker.log(self.step, metrics)
             if cfg.logging.sample_trajectories:
                 from actors.rollout_metrics import sample_rows
@@ -296,7 +313,8 @@ class Driver:
         cfg = self.cfg
         if cfg.train.steps and (not cfg.train.checkpoint_every or self.step % cfg.train.checkpoint_every):
             await self._checkpoint()
-        await self._evaluate("after GRPO" if cfg.sft_warmup.enabled else "final")
+        after_grpo = cfg.sft_warmup.enabled or INIT_STAGE in self.evals
+        await self._evaluate("after GRPO" if after_grpo else "final")
         adapter = None
         if cfg.finetune.trains_adapter:
             stored = storage.join(self.location, "final_adapter")
@@ -528,30 +546,32 @@ class Driver:
             f"({stats['skipped']} skipped); adapter → {warm}; KL reference: {reference}",
             flush=True,
         )
-        self.version = 1  # the warm start's adapter becomes policy v1 on the engines
+        self.version += 1  # the warm start's adapter: policy v1 (v2 after an initial adapter)
         await self._push(self.version)
         versions = await self.rollout.versions()
         print(f"warm start: policy v{self.version} on the engines (versions {versions})", flush=True)
         await self._evaluate("after warm start")
 
-    async def _eval_metrics(self) -> dict[str, Any]:
+    async def _eval_metrics(self, label: str) -> dict[str, Any]:
+        """The validation tasks played greedily by the engines' current policy; one console line."""
         from jobs.evaluate import evaluate_rows
 
         rows = self.pf.validation_rows[: self.cfg.train.eval_tasks]
-        return await evaluate_rows(self.rollout, rows, greedy(self.cfg))
+        with self.tracker.phase("eval"):
+            result = await evaluate_rows(self.rollout, rows, greedy(self.cfg))
+        print(
+            f"eval [{label}] success {result['success_rate']:.1%}, mean reward {result['mean_reward']:.3f}, "
+            f"turns {result['turns']:.2f} on {result['tasks']} held-out tasks",
+            flush=True,
+        )
+        return result
 
     async def _evaluate(self, stage: str) -> None:
         if not self.cfg.data.validation:
             return
-        with self.tracker.phase("eval"):
-            result = await self._eval_metrics()
+        result = await self._eval_metrics(stage)
         self.evals[stage] = result
-        self.tracker.log(self.step, {f"eval/{k}": v for k, v in result.items() if isinstance(v, int | float)})
-        print(
-            f"eval [{stage}] success {result['success_rate']:.1%}, mean reward {result['mean_reward']:.3f}, "
-            f"turns {result['turns']:.2f} on {result['tasks']} held-out tasks",
-            flush=True,
-        )
+        self.tracker.log(self.step, eval_figures(result))
 
     async def _checkpoint(self) -> None:
         folder = storage.join(self.location, "checkpoints", f"step_{self.step}")

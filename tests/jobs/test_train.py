@@ -196,9 +196,11 @@ def test_a_bad_task_file_stops_before_anything_starts(tmp_path: Path) -> None:
 
 def test_overlap_generates_the_next_step_while_this_one_trains(tmp_path: Path, unbroken: Path) -> None:
     """Also rollout.weight_push=merged, with finetune.mode=qlora (a run of its own would cost ~2 min): each
-    step's policy, the adapter over the 4-bit base, reaches the engine as dequantized merged weights; and
+    step's policy, the adapter over the 4-bit base, reaches the engine as dequantized merged weights;
     algorithm.name=ppo: the run trains a value head (its metrics logged, its weights in the checkpoints,
-    not in the adapter)."""
+    not in the adapter); finetune.init_adapter (the unbroken run's warm start): the engines serve it
+    before the first rollout, and it is the first stage evaluated; and train.eval_every=1: an evaluation
+    after step 1, its figures in that step's metrics."""
     from torch.distributed.checkpoint import FileSystemReader
 
     data = unbroken.parent.parent / "data"
@@ -208,8 +210,20 @@ def test_overlap_generates_the_next_step_while_this_one_trains(tmp_path: Path, u
         "rollout.weight_push=merged",
         "finetune.mode=qlora",
         "algorithm.name=ppo",
+        f"finetune.init_adapter={unbroken / 'sft'}",
+        "train.eval_every=1",
     )
     proc = train(tmp_path, "--run", *(x for o in overrides for x in ("--set", o)), data=data)
+    # Served before anything is sampled (the step lines go to stderr; these lines, in order, to stdout).
+    lines = (
+        f"initial adapter {unbroken / 'sft'}: policy v1 on the engines",
+        "eval [initial adapter]",
+        "eval [step 1]",
+        "eval [after GRPO]",
+    )
+    at = [proc.stdout.find(line) for line in lines]
+    assert -1 not in at and at == sorted(at), dict(zip(lines, at, strict=True))
+    assert "eval [base]" not in proc.stdout
     assert "policy push: merged" in proc.stdout and "fine-tune: qlora (r=4, alpha=8)" in proc.stdout
     assert "policy push: adapter" in (unbroken.parents[1] / "stdout.txt").read_text()  # ci-tiny's HF engine: auto
     assert "2 PPO steps" in proc.stdout and "advantage GAE (gamma 0.99, lam 0.95) with a value head" in proc.stdout
@@ -220,6 +234,7 @@ def test_overlap_generates_the_next_step_while_this_one_trains(tmp_path: Path, u
         for key in ("train/value_loss", "train/value_mean", "train/explained_variance", "train/returns_mean"):
             assert key in m and m[key] == m[key], key  # present and not NaN
         assert not any(k.startswith("adv/") for k in m)  # no group advantages: the health checks never see them
+    assert 0 <= step_metrics(run_dir, 1)["eval/success_rate"] <= 1 and "eval/tasks" in step_metrics(run_dir, 1)
     assert "train/value_loss" not in step_metrics(unbroken, 1)  # grpo (ci-tiny's default) has no value head
     saved = FileSystemReader(str(run_dir / "checkpoints" / "step_2" / "state")).read_metadata().state_dict_metadata
     assert {"model.value_head.weight", "model.value_head.bias"} <= set(saved)
