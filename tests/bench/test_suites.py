@@ -103,3 +103,18 @@ def test_rollout_suite(tmp_path: Path) -> None:
         assert m["async"]["episodes"] == m["lockstep"]["episodes"] == [m["tasks"] * r["group_size"]] * 2
     episodes = [row for row in doc["rows"] if row["figure"].startswith("episodes/s")]
     assert len(episodes) == 3 and all(row["baseline_name"].startswith("lockstep") for row in episodes)
+
+
+def test_job_suite(tmp_path: Path) -> None:
+    """A loopback cluster (`ray start`, its own session folder), then ci-tiny once locally and once through
+    `ray job submit` (one step each): both runs' figures, and the submitted/local ratios from them."""
+    doc, out = bench(tmp_path, "job")
+    r = doc["report"]
+    assert r["cluster_start_s"] > 0 and r["repeats"] == 1
+    for kind in ("local", "submitted"):
+        (run,) = r["runs"][kind]
+        assert run["steps"] == 1 and 0 < run["steps_s"] < run["wall_s"]
+        assert run["rest_s"] == pytest.approx(run["wall_s"] - run["steps_s"])
+    for key, ratio in r["ratio"].items():
+        assert ratio == pytest.approx(r["runs"]["submitted"][0][key] / r["runs"]["local"][0][key])
+    assert len(doc["rows"]) == 3 and "submitted / local" in out
