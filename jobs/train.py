@@ -245,8 +245,7 @@ class Driver:
         """`finetune.init_adapter`: the learner starts from it, so the engines must serve it too (policy v1)
         before the first rollout, or step 1 would sample from the bare base while the learner scores its
         tokens under the adapter. It is evaluated as the run's first stage."""
-        self.version = 1
-        await self._push(self.version)
+        await self._push_next()
         print(f"initial adapter {self.cfg.finetune.init_adapter}: policy v{self.version} on the engines", flush=True)
         await self._evaluate(INIT_STAGE)
 
@@ -389,8 +388,7 @@ class Driver:
             self._restore_step_success(extra)
             self.protected.add(self.step)
             # Engines serve only newer versions: the checkpoint's policy comes back under a new one.
-            self.version += 1
-            await self._push(self.version)
+            await self._push_next()
         except Exception as e:
             raise RunStopped(
                 f"{error}; rebuilding the learner group failed: {e}. {RESUME_HINT}{self.resume_cmd}"
@@ -470,9 +468,8 @@ class Driver:
         with self.tracker.phase("train"):
             train = await self.learner.train_step(to_samples(kept, adv, ppo=ppo))
         metrics.update({f"train/{k}": float(v) for k, v in train.items()})
-        self.version += 1
         with self.tracker.phase("sync"):
-            push = await self._push(self.version)
+            push = await self._push_next()
         metrics["sync/latency_s"] = float(push.get("latency_s", math.nan))
         return metrics
 
@@ -498,6 +495,12 @@ class Driver:
                 t.reward = float(s)
             kept += members
         return kept
+
+    async def _push_next(self) -> dict[str, Any]:
+        """The learner's policy onto every engine under the next version: engines serve only newer versions, and
+        vLLM silently keeps serving the old adapter when an id is reused."""
+        self.version += 1
+        return await self._push(self.version)
 
     async def _push(self, version: int) -> dict[str, Any]:
         """The learner's policy onto every engine as `version`: the LoRA adapter, or (full fine-tune, and LoRA
@@ -546,8 +549,7 @@ class Driver:
             f"({stats['skipped']} skipped); adapter → {warm}; KL reference: {reference}",
             flush=True,
         )
-        self.version += 1  # the warm start's adapter: policy v1 (v2 after an initial adapter)
-        await self._push(self.version)
+        await self._push_next()  # the warm start's adapter: policy v1 (v2 after an initial adapter)
         versions = await self.rollout.versions()
         print(f"warm start: policy v{self.version} on the engines (versions {versions})", flush=True)
         await self._evaluate("after warm start")
