@@ -455,7 +455,7 @@ class Learner:
         for micro in self._micro_batches(batch):
             packed = self._pack(micro)
             logp, _ = self._token_logprobs(self.model, packed)
-            loss, m = sft_loss(logp, packed["loss_mask"], normalizer=normalizer)
+            loss, m = sft_loss(logp, packed["loss_mask"].to(logp.device), normalizer=normalizer)
             self.backend.backward(loss)
             _accumulate(sums, weights, {"sft_loss": m["sft_loss"]}, m["tokens"])
         norm = self.backend.step(self._sft_optimizer, self._trainable, self.cfg.learner.optim.grad_clip)

@@ -174,7 +174,7 @@ def test_exported_adapter_loads_into_hf_engine_and_changes_it(lora_learner: Lear
     # The blob is the learner's own adapter, tensor for tensor.
     params = dict(lora_learner.model.named_parameters())
     key = next(iter(tensors))
-    assert torch.equal(tensors[key], params[key.replace(".weight", ".default.weight")].detach())
+    assert torch.equal(tensors[key], params[key.replace(".weight", ".default.weight")].detach().cpu())
     again_blob = lora_learner.export_adapter()  # the second export maps keys from a cache: the same bytes
     assert again_blob is not None and again_blob["safetensors"] == adapter["safetensors"]
     prompt = fixed_batch(1)[0]["prompt_ids"]
@@ -336,7 +336,7 @@ def test_lora_export_weights_are_peft_merge_and_unload() -> None:
     with torch.no_grad():
         for name, p in learner.model.named_parameters():
             if "lora_B" in name:
-                p.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(len(name)))
+                p.normal_(0.0, 0.5, generator=torch.Generator(p.device).manual_seed(len(name)))
     before = {n: p.detach().clone() for n, p in learner.model.named_parameters()}
 
     chunks = learner.export_weights(max_chunk_bytes=1)
@@ -351,9 +351,9 @@ def test_lora_export_weights_are_peft_merge_and_unload() -> None:
     changed = 0
     for k, v in want.items():
         assert got[k].dtype == torch.float32 and got[k].shape == v.shape, k
-        torch.testing.assert_close(got[k], v.detach(), rtol=1e-5, atol=1e-6, msg=k)
+        torch.testing.assert_close(got[k], v.detach().cpu(), rtol=1e-5, atol=1e-6, msg=k)  # exported to the CPU
         base = before.get(f"base_model.model.{k}".replace(".weight", ".base_layer.weight"))
-        changed += base is not None and not torch.equal(base, got[k])
+        changed += base is not None and not torch.equal(base.cpu(), got[k])
     assert changed == 4 * 2  # q, k, v, o of tiny-random's two layers: the adapter is really in
     after = dict(learner.model.named_parameters())
     assert after.keys() == before.keys()
@@ -431,7 +431,9 @@ def test_selective_logits_give_the_full_paths_metrics_and_update(
     after an SFT step, over two micro-batches; the LM head then saw only the trained positions."""
 
     def run(selective: bool) -> tuple[dict[str, float], dict[str, float], dict[str, torch.Tensor]]:
-        cfg = make_cfg("lora", micro_batch_tokens=64, selective_logits=selective)
+        # float32: on CUDA, bf16 products of different shapes (K kept rows or all) round differently (1% in kl)
+        cfg = make_cfg("lora", micro_batch_tokens=64, selective_logits=selective, dtype="float32")
+        cfg.model.dtype = "float32"
         cfg.algorithm.kl_coef = kl_coef
         cfg.algorithm.entropy_coef = entropy_coef
         cfg.train.epochs = epochs
@@ -455,8 +457,8 @@ def test_selective_logits_give_the_full_paths_metrics_and_update(
         if k in grpo_b:
             assert grpo_a[k] == pytest.approx(grpo_b[k], rel=2e-3, abs=1e-5), k
     assert grpo_a["entropy"] > 0
-    for name, value in params_b.items():
-        assert torch.allclose(params_a[name], value, rtol=1e-3, atol=1e-5), name
+    for name, value in params_b.items():  # Adam turns float32 rounding into ~5e-5 on a few elements; a step is ~1e-2
+        assert torch.allclose(params_a[name], value, rtol=1e-3, atol=1e-4), name
 
 
 def test_dr_grpo_divides_by_a_constant_whatever_the_micro_batches() -> None:
