@@ -38,11 +38,11 @@ import uuid
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+    from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
     from configs.schema import ModelConfig
 
@@ -396,22 +396,28 @@ def _hash_uniform(key: str, shape: tuple[int, ...], bound: float) -> torch.Tenso
     return torch.from_numpy(values).reshape(shape)
 
 
-def _build_tiny_random(out: Path) -> None:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+def llama_config(tokenizer: PreTrainedTokenizerBase, **shape: Any) -> PretrainedConfig:
+    """A bf16 Llama config with tied embeddings over `tokenizer`'s vocabulary and special tokens; `shape`
+    gives the sizes (hidden_size, num_hidden_layers, ...) and any other field."""
+    from transformers import LlamaConfig
 
-    tokenizer = _gguf_tokenizer(_TINY["max_position_embeddings"])
-    config = LlamaConfig(
+    return LlamaConfig(
         vocab_size=len(tokenizer),
         tie_word_embeddings=True,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        rms_norm_eps=1e-5,
-        initializer_range=_TINY_INIT_STD,
         dtype="bfloat16",
-        **_TINY,
+        **shape,
     )
+
+
+def _build_tiny_random(out: Path) -> None:
+    import torch
+    from transformers import LlamaForCausalLM
+
+    tokenizer = _gguf_tokenizer(_TINY["max_position_embeddings"])
+    config = llama_config(tokenizer, rms_norm_eps=1e-5, initializer_range=_TINY_INIT_STD, **_TINY)
     model = LlamaForCausalLM(config)
     bound = _TINY_INIT_STD * 3**0.5  # a uniform with the std of the usual normal(0, 0.02) init
     with torch.no_grad():

@@ -1,7 +1,7 @@
 """Run benchmark suites and write their results.
 
-    python -m bench --suite tools|env|prompt|rollout|train|job|e2e|scale|all [--repeats 3] [--out bench_results]
-                    [--config configs/demo-cpu.yaml] [--quick] [--set SECTION.KEY=VALUE ...]
+    python -m bench --suite tools|env|prompt|rollout|train|job|e2e|scale|cplane|gpu|all [--repeats 3]
+                    [--out bench_results] [--config configs/demo-cpu.yaml] [--quick] [--set SECTION.KEY=VALUE ...]
 
 Each suite is a module of this package with `run(opts, console) -> SuiteResult`; its sizes are the
 section of the same name in `bench/options.py` (e.g. `--set e2e.steps=8`). `all` runs them in turn.
@@ -19,7 +19,7 @@ import time
 from rich.console import Console
 
 import cluster.ray_env  # noqa: F401  (before ray: loopback-only listeners)
-from bench.options import SUITES, BenchOptions
+from bench.options import NOT_IN_ALL, SUITES, BenchOptions
 from bench.results import write
 from configs.loader import ConfigError, load_dotenv_file
 from jobs.cli import usage_error
@@ -64,8 +64,7 @@ def main(argv: list[str] | None = None) -> None:
     opts = parse(argv)
     load_dotenv_file()
     console = Console(width=None if sys.stdout.isatty() else 150)  # a log file gets whole tables
-    # `cplane` runs inside `scale` too: `all` runs it there only.
-    for name in [s for s in SUITES if s != "cplane"] if opts.suite == "all" else (opts.suite,):
+    for name in [s for s in SUITES if s not in NOT_IN_ALL] if opts.suite == "all" else (opts.suite,):
         run_suite(name, opts, console)
 
 

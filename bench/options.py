@@ -16,8 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from configs.loader import ConfigError, apply_override, format_errors, load_config, parse_override
 from configs.schema import Config
 
-SUITES = ("tools", "env", "prompt", "rollout", "train", "job", "e2e", "scale", "cplane")
-Suite = Literal["tools", "env", "prompt", "rollout", "train", "job", "e2e", "scale", "cplane", "all"]
+SUITES = ("tools", "env", "prompt", "rollout", "train", "job", "e2e", "scale", "cplane", "gpu")
+Suite = Literal["tools", "env", "prompt", "rollout", "train", "job", "e2e", "scale", "cplane", "gpu", "all"]
+NOT_IN_ALL = ("cplane", "gpu")  # cplane runs inside scale; gpu is for a GPU box (its 1.7B shape crawls on a CPU)
 
 
 class Section(BaseModel):
@@ -139,6 +140,22 @@ class CplaneOptions(Section):
     tasks: int = Field(24, ge=1, description="rule tasks generated; those without a python call are played")
 
 
+class GpuOptions(Section):
+    """Suite `gpu`: learner, HF engine and weight sync on one accelerator, without Ray (bench/gpu.py)."""
+
+    shapes: list[Literal["tiny", "135m", "1.7b"]] = Field(["135m", "1.7b"], description="model shapes measured")
+    samples: int = Field(16, ge=1, description="samples per train_step")
+    prompt_tokens: int = Field(900, ge=1, description="mean prompt length (learner batch and engine requests)")
+    gen_tokens: int = Field(100, ge=1, description="mean generated length of the learner batch")
+    micro_batch_tokens: int = Field(16384, ge=64, description="learner.micro_batch_tokens")
+    train_warmup: int = Field(2, ge=0, description="train steps left out of the timing")
+    train_steps: int = Field(2, ge=1, description="train steps measured per repeat")
+    batch: int = Field(32, ge=1, description="concurrent engine requests")
+    new_tokens: int = Field(128, ge=1, description="tokens each engine request generates")
+    pushes: int = Field(5, ge=1, description="adapter and full-weight syncs measured")
+    seed: int = 0
+
+
 class BenchOptions(Section):
     suite: Suite = "tools"
     repeats: int = Field(3, ge=1, description="each side-by-side comparison is repeated this many times")
@@ -153,6 +170,7 @@ class BenchOptions(Section):
     e2e: E2EOptions = E2EOptions()
     scale: ScaleOptions = ScaleOptions()
     cplane: CplaneOptions = CplaneOptions()
+    gpu: GpuOptions = GpuOptions()
 
     @classmethod
     def parse(cls, fields: dict[str, Any], overrides: list[str] = ()) -> BenchOptions:

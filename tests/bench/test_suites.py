@@ -118,3 +118,30 @@ def test_job_suite(tmp_path: Path) -> None:
     for key, ratio in r["ratio"].items():
         assert ratio == pytest.approx(r["runs"]["submitted"][0][key] / r["runs"]["local"][0][key])
     assert len(doc["rows"]) == 3 and "submitted / local" in out
+
+
+def test_gpu_suite_runs_without_ray_or_vllm(tmp_path: Path) -> None:
+    """Suite gpu is for a GPU box that has neither Ray nor vLLM: here both imports fail, as they would
+    there, and the suite runs its CPU fallback (the tiny shape) end to end."""
+    blocked = (
+        "import sys, runpy; sys.modules.update(ray=None, vllm=None); runpy.run_module('bench', run_name='__main__')"
+    )
+    cmd = [sys.executable, "-c", blocked, "--suite", "gpu", "--quick", "--repeats", "1", "--out", str(tmp_path)]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    doc = json.loads((tmp_path / "gpu.json").read_text())
+    assert doc["report"]["accelerator"]["device"] == "cpu" and "suite gpu on CPU" in done.stdout
+    (shape,) = doc["report"]["shapes"]
+    assert shape["shape"] == "tiny" and shape["params"] > 0
+    rows = rows_by_figure(doc)
+    learner = rows["tiny: learner tokens/s, LoRA"]
+    assert learner["baseline_name"] == "LM head at every position" and learner["ratio"] > 0
+    engine = shape["engine"]["runs"][0]
+    assert engine["generated"] == 4 * 8  # --quick: 4 requests x 8 new tokens, stop strings off
+    for figure in (
+        "tiny: HF engine generated tokens/s",
+        "tiny: LoRA export + load",
+        "tiny: full weights export + load",
+    ):
+        assert rows[figure]["ours"]["median"] > 0
+    assert shape["adapter_sync"]["bytes"] > 0
