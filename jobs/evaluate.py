@@ -4,7 +4,8 @@
 
 Prints the success rate, the mean reward, the mean number of turns and each tool's error rate, and
 writes them as JSON, with one entry per task (`per_task`: task id, template and complexity of its row,
-reward, turns, success, infra_fault) that jobs/stats.py pairs across stages. The engines, runners and
+reward, turns, success, infra_fault, the calls made and the conversation after the prompt) that
+jobs/stats.py pairs across stages; a training run's own evaluations keep the figures only. The engines, runners and
 tool pool are the training run's own (`cluster.rollout_group`), so an evaluation plays exactly what
 training rollouts play.
 """
@@ -36,12 +37,29 @@ def tool_calls(trajs: list[Any]) -> dict[str, dict[str, float]]:
     return {name: {"calls": n, "error_rate": errors[name] / n} for name, n in sorted(calls.items())}
 
 
-async def evaluate_rows(rollout: Any, rows: list[dict[str, Any]], sampling: SamplingConfig) -> dict[str, Any]:
-    """One greedy episode per task on the rollout group's engines; the figures the reports show."""
+async def evaluate_rows(
+    rollout: Any, rows: list[dict[str, Any]], sampling: SamplingConfig, detail: bool = False
+) -> dict[str, Any]:
+    """One greedy episode per task on the rollout group's engines; the figures the reports show. With
+    `detail`, each task's entry also holds where a failure is: its calls as the env saw them, and the
+    conversation after the prompt (kept out of a training run's checkpoints, which carry its evaluations)."""
     from actors.rollout_metrics import rollout_metrics
 
     trajs = await rollout.run(rows, 1, sampling=sampling)
     m = rollout_metrics(trajs)
+    per_task = [
+        {
+            "task_id": t.task_id,
+            "template": _template(row := _row(rows, t.group_id)),
+            "complexity": _complexity(row),
+            "reward": t.reward,
+            "turns": t.turns,
+            "success": bool(t.tool_stats.get("task_complete")),
+            "infra_fault": bool(t.infra_fault),
+            **(_detail(t, row) if detail else {}),
+        }
+        for t in trajs
+    ]
     return {
         "tasks": len(rows),
         "success_rate": float(m.get("success_rate", 0.0)),
@@ -53,18 +71,15 @@ async def evaluate_rows(rollout: Any, rows: list[dict[str, Any]], sampling: Samp
         "episodes": len(trajs),
         "tool_calls": (calls := tool_calls(trajs)),
         "tool_error_rates": {name: c["error_rate"] for name, c in calls.items()},
-        "per_task": [
-            {
-                "task_id": t.task_id,
-                "template": _template(row := _row(rows, t.group_id)),
-                "complexity": _complexity(row),
-                "reward": t.reward,
-                "turns": t.turns,
-                "success": bool(t.tool_stats.get("task_complete")),
-                "infra_fault": bool(t.infra_fault),
-            }
-            for t in trajs
-        ],
+        "per_task": per_task,
+    }
+
+
+def _detail(t: Any, row: dict[str, Any]) -> dict[str, Any]:
+    calls = [c for meta in t.env_metadata for c in meta.get("calls", [])]
+    return {
+        "calls": [{k: c.get(k) for k in ("name", "arguments", "ok", "error_kind")} for c in calls],
+        "conversation": t.messages[len(row.get("prompt") or []) :],
     }
 
 
@@ -97,7 +112,7 @@ async def run(cfg: Any, rows: list[dict[str, Any]], adapter: str | None) -> dict
         await rollout.start()
         if adapter:
             await rollout.push_adapter(1, ray.put(read_adapter(adapter)))
-        return await evaluate_rows(rollout, rows, greedy(cfg))
+        return await evaluate_rows(rollout, rows, greedy(cfg), detail=True)
     finally:
         await rollout.shutdown()
         undeploy_pool(pool)
