@@ -552,8 +552,7 @@ class Learner:
             with self.model.disable_adapter():
                 logp, _ = self._token_logprobs(self.model, packed, selective=selective)
         elif self.ref_kind == "adapter":
-            n = packed["input_ids"].shape[0]
-            logp, _ = self._token_logprobs(self.model, packed, selective=selective, adapter_names=[_REF_ADAPTER] * n)
+            logp, _ = self._token_logprobs(self.model, packed, selective=selective, adapter=_REF_ADAPTER)
         elif self.ref_kind == "model":
             logp, _ = self._token_logprobs(self.reference, packed, selective=selective)
         else:  # offloaded_model: whole, on the CPU
@@ -719,22 +718,32 @@ class Learner:
     def _micro_batches(self, batch: Sequence[Sample], indices: bool = False) -> Iterator[list[Any]]:
         """Micro-batches of `batch` (index lists, or samples), padded with empty ones to the largest
         count of any rank: every rank must run the same number of forwards and backwards."""
-        from grpo.batch import split_by_tokens
+        from grpo.batch import split_by_tokens, split_shared
 
-        groups = split_by_tokens(batch, self.cfg.learner.micro_batch_tokens) if batch else []
+        split = split_shared if self._shared else split_by_tokens
+        groups = split(batch, self.cfg.learner.micro_batch_tokens) if batch else []
         count = int(self._all_reduce_max(len(groups)))
         for k in range(count):
             group = groups[k] if k < len(groups) else []
             yield group if indices else [batch[i] for i in group]
 
+    @property
+    def _shared(self) -> bool:
+        """Shared-prompt rows (`learner.shared_prompt`) serve the selective path only: it needs no logits at
+        the positions a row does not have."""
+        return self.cfg.learner.shared_prompt and self.cfg.learner.selective_logits
+
     def _pack(self, samples: list[Sample]) -> dict[str, torch.Tensor]:
-        """grpo.batch.pack, or for an empty micro-batch a two-pad-token row with nothing to learn."""
+        """grpo.batch.pack (pack_shared with `learner.shared_prompt`), or for an empty micro-batch a
+        two-pad-token row with nothing to learn."""
         import torch
 
-        from grpo.batch import pack
+        from grpo.batch import pack, pack_shared, prompt_groups
 
         if samples:
-            return pack(samples, self.pad_id)
+            # rows with an attention mask of their own only where a prompt is shared (not for SFT demonstrations)
+            shared = self._shared and len(prompt_groups(samples)) < len(samples)
+            return pack_shared(samples, self.pad_id) if shared else pack(samples, self.pad_id)
         return {
             "input_ids": torch.full((1, 2), self.pad_id, dtype=torch.long),
             "attention_mask": torch.ones((1, 2), dtype=torch.long),
@@ -752,6 +761,7 @@ class Learner:
         selective: bool = True,
         device: str | None = None,
         values: list[torch.Tensor] | None = None,
+        adapter: str | None = None,
         **kwargs: Any,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """log p of each next token, [N, T−1], and with `entropy` the next-token entropy ("metric": without
@@ -766,21 +776,27 @@ class Learner:
 
         assert self.backend is not None and self.device is not None
         ids = packed["input_ids"]
-        keep = None
+        dev = device or self.device
+        keep = picked = None
+        inputs = {"input_ids": ids.to(dev), "attention_mask": packed["attention_mask"].to(dev)}
         if selective and self.cfg.learner.selective_logits:
             keep = torch.zeros(ids.shape, dtype=torch.bool)
             keep[:, :-1] = packed["loss_mask"] > 0
+            picked = keep.flatten().nonzero().squeeze(1)
+            if "rows" in packed:  # shared-prompt rows: the same positions, found where the rows hold them
+                picked = packed["source"][keep[:, :-1]]
+                inputs = {
+                    "input_ids": packed["rows"].to(dev),
+                    "position_ids": packed["row_positions"].to(dev),
+                    "attention_mask": packed["row_mask"].to(dev),
+                }
+        if adapter is not None:  # PEFT's per-row adapter choice
+            kwargs["adapter_names"] = [adapter] * inputs["input_ids"].shape[0]
         raw_values: list[torch.Tensor] = []
         head = self.value_head if values is not None else None
         # The value hook is registered after the selecting one, so it sees the same (selected) hidden states.
-        with self.backend.compute(), _output_layer_at(model, keep), _value_head_at(model, head, raw_values):
-            logits = self.backend.forward(
-                model,
-                input_ids=ids.to(device or self.device),
-                attention_mask=packed["attention_mask"].to(device or self.device),
-                use_cache=False,
-                **kwargs,
-            ).logits
+        with self.backend.compute(), _output_layer_at(model, picked), _value_head_at(model, head, raw_values):
+            logits = self.backend.forward(model, **inputs, use_cache=False, **kwargs).logits
         if values is not None:
             v = raw_values[0]
             values.append(v[:, :-1] if keep is None else _scatter_kept(v, keep))
@@ -1136,21 +1152,21 @@ def _cpu_autocast(model: nn.Module, dtype: str) -> contextlib.AbstractContextMan
 
 
 @contextlib.contextmanager
-def _output_layer_at(model: nn.Module, keep: torch.Tensor | None) -> Iterator[None]:
-    """While open, the model's output layer (LM head) sees only the hidden states at `keep` ([N, T] bool),
-    as one row [1, K+1, H]: the K kept positions in row-major order, then the last position of row 0 as a
-    placeholder (never kept, since position T−1 predicts nothing). The placeholder keeps every layer in
-    the graph when K is 0 (an empty micro-batch), so all ranks still run the same backward collectives.
-    A forward pre-hook, so it works whatever wraps the model (PEFT, FSDP2)."""
-    if keep is None:
+def _output_layer_at(model: nn.Module, picked: torch.Tensor | None) -> Iterator[None]:
+    """While open, the model's output layer (LM head) sees only the hidden states at `picked` (K flat
+    indices b·L + l into the forward's [B, L] positions; one may repeat), as one row [1, K+1, H], then the
+    last position of row 0 as a placeholder (never picked: in a plain batch it predicts nothing). The
+    placeholder keeps every layer in the graph when K is 0 (an empty micro-batch), so all ranks still run
+    the same backward collectives. A forward pre-hook, so it works whatever wraps the model (PEFT, FSDP2)."""
+    if picked is None:
         yield
         return
     import torch
 
     def select(_module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
         hidden = args[0]
-        picked = torch.cat([hidden[keep.to(hidden.device)], hidden[0, -1:]])
-        return (picked[None], *args[1:])
+        rows = torch.cat([hidden.flatten(0, 1)[picked.to(hidden.device)], hidden[0, -1:]])
+        return (rows[None], *args[1:])
 
     handle = model.get_output_embeddings().register_forward_pre_hook(select)
     try:

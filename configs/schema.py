@@ -660,6 +660,12 @@ class LearnerConfig(Strict):
         description="Run the LM head only where the loss mask is 1 (generated tokens), not at every prompt and "
         "observation position; false: the whole sequence (the old path, kept for comparison).",
     )
+    shared_prompt: bool = Field(
+        True,
+        description="With selective_logits: a GRPO group's prompt is computed once per micro-batch, its "
+        "episodes' responses attending to it (grpo.batch.pack_shared): the same logprobs on fewer tokens; "
+        "false: each episode whole (the old path, kept for comparison).",
+    )
     reference: Literal["fixed", "periodic", "ema"] = Field(
         "fixed",
         description="How the KL reference moves: fixed (the base, or the warm-started policy); periodic (a copy of "

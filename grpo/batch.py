@@ -141,6 +141,96 @@ def pack(samples: Sequence[Sample | Mapping], pad_id: int) -> dict[str, torch.Te
     }
 
 
+def prompt_groups(samples: Sequence[Sample]) -> list[list[int]]:
+    """Indices of samples with the same prompt ids (a GRPO group's episodes), in order of first appearance."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, s in enumerate(samples):
+        groups.setdefault(tuple(s.prompt_ids), []).append(i)
+    return list(groups.values())
+
+
+def _rows(samples: Sequence[Sample], token_budget: int) -> list[list[int]]:
+    """Shared-prompt rows: each a run of one prompt group whose prompt + responses fit `token_budget` (a
+    response longer than the budget gets a row of its own)."""
+    rows: list[list[int]] = []
+    for group in prompt_groups(samples):
+        row: list[int] = []
+        width = len(samples[group[0]].prompt_ids)
+        for i in group:
+            r = len(samples[i].response_ids)
+            if row and width + r > token_budget:
+                rows.append(row)
+                row, width = [], len(samples[i].prompt_ids)
+            row.append(i)
+            width += r
+        rows.append(row)
+    return rows
+
+
+def _row_width(samples: Sequence[Sample], row: Sequence[int]) -> int:
+    return len(samples[row[0]].prompt_ids) + sum(len(samples[i].response_ids) for i in row)
+
+
+def split_shared(samples: Sequence[Sample | Mapping], token_budget: int) -> list[list[int]]:
+    """Like `split_by_tokens`, for `pack_shared`: micro-batches of shared-prompt rows (a group's prompt once,
+    then its responses) whose padded size (rows × widest row) is ≤ token_budget. A group stays in one
+    micro-batch unless its row alone exceeds the budget. Widest rows first; each micro-batch lists its
+    samples row by row."""
+    if token_budget < 1:
+        raise ValueError(f"token_budget must be >= 1, got {token_budget}")
+    batch = [as_sample(s, i) for i, s in enumerate(samples)]
+    rows = sorted(_rows(batch, token_budget), key=lambda row: (-_row_width(batch, row), row[0]))
+    batches: list[list[list[int]]] = []
+    for row in rows:
+        if batches and (len(batches[-1]) + 1) * _row_width(batch, batches[-1][0]) <= token_budget:
+            batches[-1].append(row)
+        else:
+            batches.append([row])
+    return [[i for row in rows_ for i in row] for rows_ in batches]
+
+
+def pack_shared(samples: Sequence[Sample | Mapping], pad_id: int) -> dict[str, torch.Tensor]:
+    """`pack`'s tensors, plus the same samples as shared-prompt rows for one forward pass: each prompt
+    group's prompt once, then each of its responses, every response attending to the prompt and to its own
+    earlier tokens only, with the positions it would have alone. Same logits, fewer tokens: a group of G
+    episodes computes its prompt once instead of G times.
+
+    rows [B, L] long (pad_id after the last response); row_positions [B, L] long; row_mask [B, 1, L, L]
+    bool (True = may attend; a pad position attends to itself, so no softmax row is empty); source [N, T−1]
+    long: the flat index (b·L + l) of the row position whose hidden state predicts sample token t+1 (the
+    same for the first response token of every sample of a row: the prompt's last position), 0 where the
+    sample has no token t+1."""
+    batch = [as_sample(s, i) for i, s in enumerate(samples)]
+    out = pack(batch, pad_id)
+    rows = _rows(batch, token_budget=1 << 62)  # one row per prompt group: micro-batches were split already
+    width = max(_row_width(batch, row) for row in rows)
+    ids = torch.full((len(rows), width), int(pad_id), dtype=torch.long)
+    positions = torch.zeros((len(rows), width), dtype=torch.long)
+    mask = torch.eye(width, dtype=torch.bool).repeat(len(rows), 1, 1)
+    source = torch.zeros(out["loss_mask"].shape, dtype=torch.long)
+    causal = torch.ones((width, width), dtype=torch.bool).tril()
+    for b, row in enumerate(rows):
+        prompt = batch[row[0]].prompt_ids
+        p = len(prompt)
+        ids[b, :p] = torch.tensor(prompt, dtype=torch.long)
+        positions[b, :p] = torch.arange(p)
+        mask[b, :p, :p] = causal[:p, :p]
+        at = p
+        for i in row:
+            r = len(batch[i].response_ids)
+            ids[b, at : at + r] = torch.tensor(batch[i].response_ids, dtype=torch.long)
+            positions[b, at : at + r] = torch.arange(p, p + r)
+            mask[b, at : at + r, :p] = True
+            mask[b, at : at + r, at : at + r] = causal[:r, :r]
+            # sample position t predicts token t+1: prompt positions 0..p−1 come from the shared prompt,
+            # response token j (sample position p+j) sits at row position at+j.
+            here = torch.cat([torch.arange(p), torch.arange(at, at + r - 1)]) if r else torch.arange(p - 1)
+            source[i, : here.numel()] = b * width + here
+            at += r
+    out.update(rows=ids, row_positions=positions, row_mask=mask[:, None], source=source)
+    return out
+
+
 def split_by_tokens(samples: Sequence[Sample | Mapping], token_budget: int) -> list[list[int]]:
     """Indices grouped into micro-batches whose padded size (count × longest) is ≤ token_budget.
 

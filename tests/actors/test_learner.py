@@ -461,6 +461,64 @@ def test_selective_logits_give_the_full_paths_metrics_and_update(
         assert torch.allclose(params_a[name], value, rtol=1e-3, atol=1e-4), name
 
 
+def grouped_batch(groups: int = 3, group_size: int = 4) -> list[dict]:
+    """GRPO-shaped: `groups` prompts of 10-20 tokens, each with `group_size` responses of 3-12 tokens
+    (an observation token here and there: loss mask 0), shuffled."""
+    import random
+
+    rng = random.Random(0)
+    out = []
+    for _ in range(groups):
+        prompt = [rng.randrange(100, 40_000) for _ in range(rng.randint(10, 20))]
+        for _ in range(group_size):
+            mask = [int(rng.random() > 0.3) for _ in range(rng.randint(3, 12))]
+            out.append(
+                {
+                    "prompt_ids": prompt,
+                    "response_ids": [rng.randrange(100, 40_000) for _ in mask],
+                    "loss_mask": mask,
+                    "rollout_logprobs": [-10.8 * m for m in mask],
+                    "advantage": rng.gauss(0.0, 1.0),
+                }
+            )
+    rng.shuffle(out)
+    return out
+
+
+@pytest.mark.parametrize("micro_batch_tokens", [64, 4096])
+def test_shared_prompt_rows_give_the_same_steps_on_fewer_tokens(micro_batch_tokens: int) -> None:
+    """learner.shared_prompt: each group's prompt computed once, its responses attending to it, gives the
+    plain path's metrics and parameters (a KL term against an EMA reference adapter, an entropy term, two
+    epochs; at 64 tokens per micro-batch groups are split into several rows), and the model reads fewer
+    tokens."""
+
+    def run(shared: bool) -> tuple[dict[str, float], dict[str, torch.Tensor], int]:
+        cfg = make_cfg("lora", micro_batch_tokens=micro_batch_tokens, shared_prompt=shared, dtype="float32")
+        cfg.model.dtype = "float32"
+        cfg.algorithm.kl_coef = 0.05
+        cfg.algorithm.entropy_coef = 0.01
+        cfg.learner.reference, cfg.learner.reference_every = "ema", 1
+        cfg.train.epochs = 2
+        learner = Learner(cfg)
+        learner.setup()
+        read: list[int] = []
+        embed = learner.model.get_input_embeddings()
+        hook = embed.register_forward_hook(lambda _m, args, _out: read.append(int(args[0].numel())))
+        batch = grouped_batch()
+        learner.train_step(batch)
+        metrics = learner.train_step(batch)
+        hook.remove()
+        return metrics, trained(learner), sum(read)
+
+    shared, params_a, read_a = run(True)
+    plain, params_b, read_b = run(False)
+    for k in ("policy_loss", "kl", "ratio_mean", "entropy", "logprob_gap", "grad_norm", "tokens"):
+        assert shared[k] == pytest.approx(plain[k], rel=1e-4, abs=1e-6), k
+    for name, value in params_b.items():  # float32 rounding, through Adam, as in the selective-logits test
+        assert torch.allclose(params_a[name], value, rtol=1e-3, atol=1e-4), name
+    assert read_a < read_b
+
+
 def test_dr_grpo_divides_by_a_constant_whatever_the_micro_batches() -> None:
     """advantage dr_grpo: the loss is Σ tokens / (N_seq · dr_grpo_norm_tokens), not / its token count.
     fixed_batch(4) has 4 × 5 = 20 trained tokens; with L_max = 10 the constant is 40, so the gradient is

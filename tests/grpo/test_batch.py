@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from grpo.batch import Sample, as_sample, pack, shard, split_by_tokens
+from grpo.batch import Sample, as_sample, pack, pack_shared, shard, split_by_tokens, split_shared
 
 
 def sample(n_prompt: int, n_response: int, advantage: float = 0.0) -> Sample:
@@ -95,6 +95,52 @@ def test_pack_accepts_dicts_and_names_the_bad_sample() -> None:
         pack([good, good | {"loss_mask": []}], pad_id=0)
     with pytest.raises(ValueError, match="at least one sample"):
         pack([], pad_id=0)
+
+
+# --------------------------------------------------------------------------- shared-prompt rows
+
+
+def grouped(prompt: list[int], *responses: list[int]) -> list[Sample]:
+    return [Sample(prompt, r, [1] * len(r), [-0.5] * len(r)) for r in responses]
+
+
+def test_pack_shared_hand_case() -> None:
+    """Two episodes of one prompt and one of another: the first row holds prompt [1, 2] once, then
+    responses [10, 11] and [20]; the second row holds [5] then [30, 31] (padded with 0)."""
+    batch = [*grouped([1, 2], [10, 11], [20]), *grouped([5], [30, 31])]
+    p = pack_shared(batch, pad_id=0)
+    assert p["input_ids"].tolist() == pack(batch, pad_id=0)["input_ids"].tolist()  # the plain tensors stay
+    assert p["rows"].tolist() == [[1, 2, 10, 11, 20], [5, 30, 31, 0, 0]]
+    assert p["row_positions"].tolist() == [[0, 1, 2, 3, 2], [0, 1, 2, 0, 0]]
+    m = p["row_mask"][:, 0].int().tolist()
+    assert m[0] == [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 0, 0, 1]]
+    assert m[1] == [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [0, 0, 0, 1, 0], [0, 0, 0, 0, 1]]
+    # sample position t predicts token t+1: which row position's hidden state does (flat b·5 + l)
+    assert p["source"].tolist() == [[0, 1, 2], [0, 1, 0], [5, 6, 0]]
+    # every trained target is the token the row holds right after the chosen position, or the response's
+    # first token after the prompt's last
+    keep = p["loss_mask"] > 0
+    assert p["source"][keep].tolist() == [1, 2, 1, 5, 6]
+
+
+def test_split_shared_keeps_groups_together_within_the_budget() -> None:
+    rng = random.Random(0)
+    batch: list[Sample] = []
+    for g in range(6):
+        batch += grouped([g + 1] * rng.randint(5, 30), *[[100] * rng.randint(1, 20) for _ in range(4)])
+    rng.shuffle(batch)
+    micro = split_shared(batch, 128)
+    assert sorted(i for m in micro for i in m) == list(range(len(batch)))
+    prompts = [{tuple(batch[i].prompt_ids) for i in m} for m in micro]
+    for prompt in {tuple(s.prompt_ids) for s in batch}:  # no row exceeds 128, so no group is split
+        assert sum(prompt in ps for ps in prompts) == 1
+    for m in micro:
+        rows = pack_shared([batch[i] for i in m], pad_id=0)["rows"]
+        assert rows.numel() <= 128
+    big = grouped([1] * 10, [2] * 8, [3] * 8)  # 10 + 8 + 8 > 20: the group is split into two rows
+    assert split_shared(big, 20) == [[0], [1]]
+    with pytest.raises(ValueError, match="token_budget"):
+        split_shared(big, 0)
 
 
 # --------------------------------------------------------------------------- split_by_tokens
