@@ -11,8 +11,9 @@ The models are random weights in real shapes (`SHAPES`), with SmolLM2's tokenize
 such a box. For each shape, side by side in one run:
 
 1. Learner tokens/s, LoRA r=16 on q,k,v,o, bf16, gradient checkpointing, on suite train's synthetic GRPO
-   batch (`gpu.samples` × ~`gpu.prompt_tokens` + ~`gpu.gen_tokens`): selective logits (the LM head only
-   where the loss mask is 1) against the LM head at every position, steps interleaved.
+   batch (`gpu.samples` × ~`gpu.prompt_tokens` + ~`gpu.gen_tokens`, in groups of `gpu.group_size` sharing a
+   prompt): today's path (the LM head only where the loss mask is 1, a group's prompt computed once)
+   against each episode whole, and against the LM head at every position too (`PATHS`), steps interleaved.
 2. HF engine generated tokens/s: `gpu.batch` concurrent requests of `gpu.prompt_tokens` random ids, each
    generating `gpu.new_tokens` at temperature 1 (stop strings off, so every request runs to the end).
 3. Weight sync inside one process: `export_adapter` → `HFEngine.load_adapter` (LoRA), and with a full
@@ -45,8 +46,15 @@ SHAPES: dict[str, dict[str, int]] = {
              "num_key_value_heads": 32, "head_dim": 64},
 }  # fmt: skip
 
-QUICK = {"shapes": ["tiny"], "samples": 4, "prompt_tokens": 24, "gen_tokens": 8, "batch": 4, "new_tokens": 8,
-         "train_warmup": 1, "train_steps": 1, "pushes": 1}  # fmt: skip
+# The learner's paths, measured in turn on one batch: today's default, and the old ones.
+PATHS: dict[str, dict[str, bool]] = {
+    "ours": {},  # the LM head at trained positions, a group's prompt once
+    "unshared": {"shared_prompt": False},  # each episode whole
+    "full_logits": {"selective_logits": False},  # the LM head at every position, each episode whole
+}
+
+QUICK = {"shapes": ["tiny"], "samples": 4, "group_size": 2, "prompt_tokens": 24, "gen_tokens": 8, "batch": 4,
+         "new_tokens": 8, "train_warmup": 1, "train_steps": 1, "pushes": 1}  # fmt: skip
 
 
 class _Awaitable:
@@ -161,14 +169,14 @@ async def bench_shape(opts: GpuOptions, shape: str, folder: Path, repeats: int) 
     out: dict[str, Any] = {"shape": shape, **SHAPES[shape]}
     cfg = _config(opts, folder, "lora")
     learners = {}
-    for selective in (True, False):
+    for name, path in PATHS.items():
         c = cfg.model_copy(deep=True)
-        c.learner.selective_logits = selective
+        c.learner = c.learner.model_copy(update=path)
         learner = Learner(c)
         out.setdefault("params", learner.setup()["params"])
-        learners["selective" if selective else "full_logits"] = learner
-    vocab = learners["selective"].model.get_input_embeddings().num_embeddings
-    batch = make_batch(opts.samples, opts.prompt_tokens, opts.gen_tokens, vocab, opts.seed)
+        learners[name] = learner
+    vocab = learners["ours"].model.get_input_embeddings().num_embeddings
+    batch = make_batch(opts.samples, opts.prompt_tokens, opts.gen_tokens, vocab, opts.seed, opts.group_size)
     _reset_peak()
     out["learner"] = await bench_learners(
         {k: _Awaitable(v) for k, v in learners.items()}, batch, opts.train_warmup, opts.train_steps * repeats
@@ -190,7 +198,7 @@ async def bench_shape(opts: GpuOptions, shape: str, folder: Path, repeats: int) 
             gen_runs.append({"wall_s": wall, "generated": tokens, "tokens_per_s": tokens / wall})
     out["engine"] = {"requests": opts.batch, "prompt_tokens": opts.prompt_tokens, "runs": gen_runs}
 
-    lora = learners["selective"]
+    lora = learners["ours"]
     adapter_bytes = len(lora.export_adapter()["safetensors"])
     out["adapter_sync"] = {
         **await timed_syncs(lora.export_adapter, engine.load_adapter, opts.pushes, 1),
@@ -234,16 +242,15 @@ def run(opts: BenchOptions, console: Any) -> SuiteResult:
     rows, notes = [], []
     for s in shapes:
         name, lr = s["shape"], s["learner"]
-        sel, base = lr["selective"], lr["full_logits"]
-        rows.append(
-            Row(
-                f"{name}: learner tokens/s, LoRA",
-                "tokens/s",
-                spread([sel["tokens_per_step"] / x for x in sel["step_s"]]),
-                spread([base["tokens_per_step"] / x for x in base["step_s"]]),
-                "LM head at every position",
-            )
-        )
+        sel = lr["ours"]
+
+        def per_s(r: dict[str, Any]) -> Any:
+            return spread([r["tokens_per_step"] / x for x in r["step_s"]])
+
+        rows.append(Row(f"{name}: learner tokens/s, LoRA", "tokens/s", per_s(sel), per_s(lr["full_logits"]),
+                        "LM head at every position, each episode whole"))  # fmt: skip
+        rows.append(Row(f"{name}: learner tokens/s, a group's prompt once", "tokens/s", per_s(sel),
+                        per_s(lr["unshared"]), "each episode whole"))  # fmt: skip
         rows.append(
             Row(
                 f"{name}: HF engine generated tokens/s",
@@ -257,7 +264,8 @@ def run(opts: BenchOptions, console: Any) -> SuiteResult:
             rows.append(Row(f"{name}: {label} export + load", "ms", spread(total_ms), better="lower"))
         notes.append(
             f"{name} ({s['params'] / 1e6:.0f}M parameters): learner {sel['tokens_per_step']} tokens per step of "
-            f"{sel['samples']} samples, peak {s['learner_peak_gib']:.1f} GiB for both LoRA learners; engine "
+            f"{sel['samples']} samples in groups of {o.group_size}, peak {s['learner_peak_gib']:.1f} GiB for the LoRA "
+            f"learners; engine "
             f"{o.batch} requests × {o.prompt_tokens} prompt + {o.new_tokens} new tokens; LoRA export "
             f"{statistics.median(a['export_s']) * 1e3:.1f} ms + load {statistics.median(a['load_s']) * 1e3:.1f} ms "
             f"({a['bytes'] / 2**20:.1f} MiB); full weights export {statistics.median(w['export_s']) * 1e3:.0f} ms + "

@@ -9,8 +9,11 @@ Measured side by side in one run, on an embedded Ray (or the Ray already running
    `train_step` on a GRPO-sized batch (16 samples: ~900 prompt tokens, ~100 generated tokens, random
    token ids, logprobs and advantages). `train.train_warmup` steps on 2 of the samples come first, left out;
        tokens/s = (prompt + response tokens) / median step time,   generated tokens/s = response tokens / same.
-   Beside it, stepping in turn with it, a second learner on the old path (`learner.selective_logits`
-   false: the LM head at every position): `learner_selective_speedup` = its median step time / ours.
+   The samples come in GRPO groups of `train.group_size` that share a prompt. Beside it, stepping in turn
+   with it, two learners on old paths: `learner.selective_logits` false (the LM head at every position,
+   each episode whole): `learner_selective_speedup` = its median step time / ours; and
+   `learner.shared_prompt` false (each episode whole, the LM head at trained positions):
+   `learner_shared_speedup` = its median step time / ours.
 2. LoRA push to every engine of a RolloutGroup (2 HF engines; then 1 vLLM engine if it fits the time
    budget), the same engines and the same learner, the two paths alternating (order flipped each round):
    (a) object store:  export_adapter_ref() (learner → one object)  →  push_adapter(v, ref) (each engine
@@ -92,21 +95,31 @@ def bench_config(opts: TrainOptions, mode: str, backend: str = "hf", engines: in
     )
 
 
-def make_batch(n: int, prompt_tokens: int, gen_tokens: int, vocab: int, seed: int = 0) -> list[dict[str, Any]]:
+def make_batch(
+    n: int, prompt_tokens: int, gen_tokens: int, vocab: int, seed: int = 0, group_size: int = 1
+) -> list[dict[str, Any]]:
     """`n` GRPO samples: lengths uniform within ±10 % of the asked sizes, random ids below `vocab`, every
-    response token generated (loss_mask 1), rollout logprobs in [-3, 0), advantages ~ N(0, 1)."""
+    response token generated (loss_mask 1), rollout logprobs in [-3, 0), advantages ~ N(0, 1). Each run of
+    `group_size` samples shares its prompt, as a GRPO group's episodes do."""
     rng = random.Random(seed)
 
     def length(mean: int) -> int:
         spread = max(0, round(mean * LENGTH_SPREAD))
         return max(1, mean + rng.randint(-spread, spread))
 
-    batch = []
-    for _ in range(n):
-        p, r = length(prompt_tokens), length(gen_tokens)
+    if group_size < 1:
+        raise ValueError(f"make_batch: group_size must be >= 1, got {group_size}")
+    batch: list[dict[str, Any]] = []
+    prompt: list[int] = []
+    for k in range(n):
+        if k % group_size == 0:
+            p, r = length(prompt_tokens), length(gen_tokens)
+            prompt = [rng.randrange(vocab) for _ in range(p)]
+        else:
+            r = length(gen_tokens)
         batch.append(
             {
-                "prompt_ids": [rng.randrange(vocab) for _ in range(p)],
+                "prompt_ids": prompt,
                 "response_ids": [rng.randrange(vocab) for _ in range(r)],
                 "loss_mask": [1] * r,
                 "rollout_logprobs": [-3.0 * rng.random() for _ in range(r)],
@@ -422,25 +435,40 @@ def run_train_suite(opts: TrainOptions, console: Any) -> dict[str, Any]:
         "lora": {"r": lora_cfg.finetune.lora.r, "target_modules": list(lora_cfg.finetune.lora.target_modules)},
         "dtype": lora_cfg.learner.dtype,
     }
-    batch = make_batch(opts.samples, opts.prompt_tokens, opts.gen_tokens, _vocab_size(lora_cfg), opts.seed)
+    vocab = _vocab_size(lora_cfg)
+    batch = make_batch(opts.samples, opts.prompt_tokens, opts.gen_tokens, vocab, opts.seed, opts.group_size)
     root = Path(tempfile.mkdtemp(prefix="mcprl-bench-train-"))
     # Reuse a Ray this process already runs (a test session's): ray_session would shut it down after.
     session = contextlib.nullcontext() if ray.is_initialized() else ray_session(lora_cfg.cluster)
     lora_learner = LearnerGroup(lora_cfg)
     full_learner = LearnerGroup(bench_config(opts, "full", "hf", opts.engines))
-    # The old path for the side-by-side figure: the LM head at every position, not only the trained ones.
-    all_logits_learner = LearnerGroup(lora_cfg.model_copy(update={
-        "run_name": f"{lora_cfg.run_name}-all-logits",  # its own placement group and actor names
-        "learner": lora_cfg.learner.model_copy(update={"selective_logits": False}),
-    }))  # fmt: skip
+
+    # The old paths for the side-by-side figures: the LM head at every position, not only the trained ones
+    # (each episode whole, as that path is); and the trained positions with each episode whole.
+    def variant(name: str, **learner: bool) -> Any:
+        return LearnerGroup(lora_cfg.model_copy(update={
+            "run_name": f"{lora_cfg.run_name}-{name}",  # its own placement group and actor names
+            "learner": lora_cfg.learner.model_copy(update=learner),
+        }))  # fmt: skip
+
+    all_logits_learner = variant("all-logits", selective_logits=False)
+    unshared_learner = variant("unshared", shared_prompt=False)
 
     async def parts() -> None:
         try:
             await _run_parts(
-                report, opts, batch, console, lora_learner, full_learner, all_logits_learner, root, t_start
+                report,
+                opts,
+                batch,
+                console,
+                lora_learner,
+                full_learner,
+                (all_logits_learner, unshared_learner),
+                root,
+                t_start,
             )
         finally:
-            for group in (lora_learner, full_learner, all_logits_learner):
+            for group in (lora_learner, full_learner, all_logits_learner, unshared_learner):
                 await group.shutdown()
 
     try:
@@ -455,7 +483,7 @@ def run_train_suite(opts: TrainOptions, console: Any) -> dict[str, Any]:
 
 async def _run_parts(
     report: dict[str, Any], opts: TrainOptions, batch: list[dict[str, Any]], console: Any,
-    lora_learner: Any, full_learner: Any, all_logits_learner: Any, root: Path, t_start: float,
+    lora_learner: Any, full_learner: Any, old_learners: tuple[Any, Any], root: Path, t_start: float,
 ) -> None:  # fmt: skip
     from actors.engines import vllm_available
 
@@ -463,14 +491,15 @@ async def _run_parts(
         report["learner_setup_s"] = (await lora_learner.start())["setup_s"]
         await full_learner.start()
     steps = opts.train_warmup + opts.train_steps
-    with console.status(f"train: {steps} train_step(s) of {opts.samples} samples, LM head selective and not"):
-        await all_logits_learner.start()
-        learners = {"learner": lora_learner, "learner_all_logits": all_logits_learner}
+    with console.status(f"train: {steps} train_step(s) of {opts.samples} samples, today's path and the old ones"):
+        all_logits, unshared = old_learners
+        await asyncio.gather(all_logits.start(), unshared.start())
+        learners = {"learner": lora_learner, "learner_all_logits": all_logits, "learner_unshared": unshared}
         report.update(await bench_learners(learners, batch, opts.train_warmup, opts.train_steps))
-        await all_logits_learner.shutdown()
-        report["learner_selective_speedup"] = (
-            report["learner_all_logits"]["step_s_median"] / report["learner"]["step_s_median"]
-        )
+        await asyncio.gather(all_logits.shutdown(), unshared.shutdown())
+        step = report["learner"]["step_s_median"]
+        report["learner_selective_speedup"] = report["learner_all_logits"]["step_s_median"] / step
+        report["learner_shared_speedup"] = report["learner_unshared"]["step_s_median"] / step
     with console.status(f"train: {opts.engines} HF engine(s): LoRA pushes a/b, weight syncs"):
         report["hf"] = await bench_engines(lora_learner.cfg, lora_learner, full_learner, opts, root)
     elapsed = time.perf_counter() - t_start
@@ -503,14 +532,22 @@ def print_train(report: dict[str, Any], console: Any) -> None:
     )
     for col in ("LM head", "steps", "step s (median)", "tokens/s", "generated tokens/s", "steps s"):
         table.add_column(col, justify="right")
-    for label, key in (("trained positions", "learner"), ("every position (old)", "learner_all_logits")):
+    paths = (
+        ("trained positions, prompt once per group", "learner"),
+        ("trained positions, each episode whole (old)", "learner_unshared"),
+        ("every position (old)", "learner_all_logits"),
+    )
+    for label, key in paths:
         r = report[key]
         table.add_row(
             label, str(r["steps"]), f"{r['step_s_median']:.1f}", f"{r['tokens_per_s']:.0f}",
             f"{r['generated_tokens_per_s']:.0f}", " ".join(f"{s:.1f}" for s in r["step_s"]),
         )  # fmt: skip
     console.print(table)
-    console.print(f"LM head only at trained positions: {report['learner_selective_speedup']:.2f}x the old step time")
+    console.print(
+        f"LM head only at trained positions and a group's prompt once: {report['learner_selective_speedup']:.2f}x "
+        f"the LM head everywhere; the prompt once alone: {report['learner_shared_speedup']:.2f}x"
+    )
 
     groups = [(name, report[name]) for name in ("hf", "vllm") if "lora" in report.get(name, {})]
     table = Table(title="LoRA push to every engine, medians (ms); a = object store, b = save to disk then load")
@@ -578,12 +615,17 @@ def print_train(report: dict[str, Any], console: Any) -> None:
 def run(opts: BenchOptions, console: Any) -> SuiteResult:
     sizes = opts.train.model_copy(update=QUICK) if opts.quick else opts.train
     report = run_train_suite(sizes, console)
-    ln, old = report["learner"], report["learner_all_logits"]
+    ln, old, whole = report["learner"], report["learner_all_logits"], report["learner_unshared"]
+    size = f"{report['model']}, {ln['samples']} samples in groups of {sizes.group_size}, LoRA"
     rows = [
-        Row(f"learner tokens/s ({report['model']}, {ln['samples']} samples, LoRA)", "tokens/s",
+        Row(f"learner tokens/s ({size})", "tokens/s",
             spread([ln["tokens_per_step"] / s for s in ln["step_s"]]),
             spread([old["tokens_per_step"] / s for s in old["step_s"]]),
-            "LM head at every position (ours: only trained positions)"),
+            "LM head at every position, each episode whole (ours: trained positions, prompt once per group)"),
+        Row(f"learner tokens/s, a group's prompt once ({size})", "tokens/s",
+            spread([ln["tokens_per_step"] / s for s in ln["step_s"]]),
+            spread([whole["tokens_per_step"] / s for s in whole["step_s"]]),
+            "each episode whole (both: LM head at trained positions)"),
     ]  # fmt: skip
     for name in ("hf", "vllm"):
         g = report.get(name, {})

@@ -135,7 +135,10 @@ def test_gpu_suite_runs_without_ray_or_vllm(tmp_path: Path) -> None:
     assert shape["shape"] == "tiny" and shape["params"] > 0
     rows = rows_by_figure(doc)
     learner = rows["tiny: learner tokens/s, LoRA"]
-    assert learner["baseline_name"] == "LM head at every position" and learner["ratio"] > 0
+    assert learner["baseline_name"] == "LM head at every position, each episode whole" and learner["ratio"] > 0
+    once = rows["tiny: learner tokens/s, a group's prompt once"]
+    assert once["baseline_name"] == "each episode whole" and once["ours"] == learner["ours"]
+    assert set(shape["learner"]) == {"ours", "unshared", "full_logits"}
     engine = shape["engine"]["runs"][0]
     assert engine["generated"] == 4 * 8  # --quick: 4 requests x 8 new tokens, stop strings off
     for figure in (

@@ -34,6 +34,10 @@ def test_make_batch_has_the_asked_shape() -> None:
         assert all(-3.0 <= lp <= 0.0 for lp in s["rollout_logprobs"])
     assert len({len(s["prompt_ids"]) for s in batch}) > 1  # lengths vary, as in a real batch
     assert make_batch(16, 900, 100, 500, seed=3) == batch  # seeded
+    grouped = make_batch(16, 900, 100, 500, seed=3, group_size=4)  # GRPO groups: each run of 4 shares a prompt
+    assert [len({tuple(s["prompt_ids"]) for s in grouped[k : k + 4]}) for k in range(0, 16, 4)] == [1] * 4
+    assert len({tuple(s["prompt_ids"]) for s in grouped}) == 4
+    assert len({tuple(s["response_ids"]) for s in grouped}) == 16
 
 
 def test_options_reject_bad_values_by_name() -> None:
@@ -78,6 +82,9 @@ def test_train_suite_reports_every_figure(ray_cluster) -> None:
     old = report["learner_all_logits"]  # the same batch on the old path (LM head at every position)
     assert old["tokens_per_step"] == ln["tokens_per_step"] and len(old["step_s"]) == 1
     assert report["learner_selective_speedup"] == pytest.approx(old["step_s_median"] / ln["step_s_median"])
+    whole = report["learner_unshared"]  # the same batch, each episode whole (--quick: one group of 4)
+    assert whole["tokens_per_step"] == ln["tokens_per_step"] and len(whole["step_s"]) == 1
+    assert report["learner_shared_speedup"] == pytest.approx(whole["step_s_median"] / ln["step_s_median"])
 
     model = load_causal_lm(ModelConfig(name="tiny-random"))
     hf = report["hf"]
@@ -121,8 +128,16 @@ def test_train_suite_reports_every_figure(ray_cluster) -> None:
 
     # the table: the learner beside its old path, the two push paths, the weight sync; medians of the runs
     figures = {r.figure.split(" (")[0].split(" to ")[0]: r for r in result.rows}
-    assert set(figures) == {"learner tokens/s", "LoRA push", "full-weight sync"}
+    assert set(figures) == {
+        "learner tokens/s",
+        "learner tokens/s, a group's prompt once",
+        "LoRA push",
+        "full-weight sync",
+    }
     assert figures["learner tokens/s"].ours.values == [ln["tokens_per_step"] / s for s in ln["step_s"]]
+    once = figures["learner tokens/s, a group's prompt once"]
+    assert once.ours.values == figures["learner tokens/s"].ours.values
+    assert once.baseline.values == [whole["tokens_per_step"] / s for s in whole["step_s"]]
     push = figures["LoRA push"]
     assert push.ours.values == a["total_all_ms"] and push.baseline.values == b["total_all_ms"]
     assert push.better == "lower" and push.ratio == pytest.approx(lora["ratio"])
