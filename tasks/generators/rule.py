@@ -10,7 +10,10 @@ How rows are made: `n` is shared evenly by the complexities asked for (and, with
 the splits: see splits.py), and each (split, complexity) bucket goes round-robin over its templates
 in a seeded order. A draw that repeats an earlier task, or whose prompt the gate would call a
 near-duplicate (tasks/similarity.py, same threshold), is replaced by the next draw; so is one whose
-data does not fit (a search that misses the page). A template with few distinct tasks (research_pe
+data does not fit (a search that misses the page), and one with a tool result the env would cut
+(longer than `env.max_observation_chars`): its expert would work from values the model is never shown.
+So the templates ask for what fits: the fiscal ones for just the years they need (at most 3), and
+`range_return` for one to two weeks of bars. A template with few distinct tasks (research_pe
 has 6) runs out at large n and the others of its bucket fill in.
 
 Deterministic: the same seed and options give the same rows. Draw i of a bucket uses its own
@@ -155,10 +158,11 @@ def short_name(name: str) -> str:
 class Ctx:
     """One draw: its random generator, and the calls it runs (recorded as the task's tool sequence)."""
 
-    def __init__(self, rng: random.Random, pool: Any, world: World) -> None:
+    def __init__(self, rng: random.Random, pool: Any, world: World, max_observation_chars: int = 0) -> None:
         self.rng = rng
         self.pool = pool
         self.world = world
+        self.max_observation_chars = max_observation_chars  # the env's cut (env.max_observation_chars); 0: none
         self.steps: list[dict[str, Any]] = []
 
     async def call(self, server: str, tool: str, **params: Any) -> Any:
@@ -172,6 +176,11 @@ class Ctx:
         res = await retry_async(once, TRANSIENT_RETRY, retry_result=lambda r: not r.ok and r.error_kind in TRANSIENT)
         if not res.ok:
             raise Skip(f"{server}.{tool} failed: {res.error_kind}: {res.error}")
+        # The env shows a result as "<server.tool> returned:\n<text>", cut at its limit: a task whose expert
+        # works from a value the model is never shown teaches it to make that value up.
+        shown = len(f"{server}.{tool} returned:\n") + len(res.text or "")
+        if self.max_observation_chars and shown > self.max_observation_chars:
+            raise Skip(f"{server}.{tool}'s result ({shown} characters) would be cut at env.max_observation_chars")
         self.steps.append({"step": len(self.steps) + 1, "server": server, "tool": tool, "params": dict(params)})
         return res.structured
 
@@ -352,12 +361,24 @@ STATEMENT_METRICS = (
 )
 
 
+FISCAL_YEARS = 3  # how far back the fiscal templates reach: 3 annual statements are ~1,900 characters
+
+
+async def annual_rows(c: Ctx, tool: str, t: str, years: int) -> list[dict[str, Any]]:
+    """The newest `years` annual rows of fmp `tool` (income_statement or key_ratios), newest first: just the
+    years a task needs, so that what the model is shown stays short."""
+    got = await c.call("fmp", tool, symbol=t, period="annual", limit=years)
+    rows = got["statements" if tool == "income_statement" else "ratios"]
+    if len(rows) < years:
+        raise Skip(f"{t} has {len(rows)} annual {tool} rows, not {years}")
+    return rows
+
+
 @template("fiscal_metric", "simple", "fmp.income_statement")
 async def fiscal_metric(c: Ctx) -> Draft:
     t = c.pick(TICKERS)
     key, label, is_money = c.pick(STATEMENT_METRICS)
-    rows = (await c.call("fmp", "income_statement", symbol=t, period="annual", limit=5))["statements"]
-    row = c.pick(rows)
+    row = (await annual_rows(c, "income_statement", t, c.rng.randrange(FISCAL_YEARS) + 1))[-1]
     year = row["fiscalYear"]
     unit = " (in billions of USD)" if is_money else ""
     q = c.say(
@@ -392,8 +413,7 @@ RATIO_METRICS = (
 async def fiscal_ratio(c: Ctx) -> Draft:
     t = c.pick(TICKERS)
     key, label, pct = c.pick(RATIO_METRICS)
-    rows = (await c.call("fmp", "key_ratios", symbol=t, period="annual", limit=5))["ratios"]
-    row = c.pick(rows)
+    row = (await annual_rows(c, "key_ratios", t, c.rng.randrange(FISCAL_YEARS) + 1))[-1]
     year = row["fiscalYear"]
     q = c.say(
         (
@@ -558,7 +578,7 @@ async def closes(c: Ctx, t: str, start: date, end: date) -> list[dict[str, Any]]
 @template("range_return", "medium", "polygon.daily_aggregates", "python.run_python")
 async def range_return(c: Ctx) -> Draft:
     t = c.pick(TICKERS)
-    start, end = await date_range(c)
+    start, end = await date_range(c, 5, 14)  # one to two weeks of bars: ~1,400 characters at most
     bars = await closes(c, t, start, end)
     first, last = bars[0]["c"], bars[-1]["c"]
     value = await c.python_number(f"start, end = {first}, {last}\nprint(round((end / start - 1) * 100, 2))\n")
@@ -692,9 +712,7 @@ async def post_close(c: Ctx) -> Draft:
 async def yoy_growth(c: Ctx) -> Draft:
     t = c.pick(TICKERS)
     key, label, _ = c.pick(STATEMENT_METRICS[:4])
-    rows = (await c.call("fmp", "income_statement", symbol=t, period="annual", limit=5))["statements"]
-    i = c.rng.randrange(len(rows) - 1)
-    cur, prev = rows[i], rows[i + 1]
+    cur, prev = (await annual_rows(c, "income_statement", t, c.rng.randrange(FISCAL_YEARS - 1) + 2))[-2:]
     if prev[key] <= 0:
         raise Skip(f"{t} {key} not positive in {prev['fiscalYear']}")
     value = await c.python_number(f"cur, prev = {cur[key]}, {prev[key]}\nprint(round((cur / prev - 1) * 100, 2))\n")
@@ -952,8 +970,11 @@ def to_row(tpl: Template, draft: Draft, steps: list[dict[str, Any]], opts: Gener
 
 
 class _Builder:
-    def __init__(self, pool: Any, opts: GenerateOptions, near_duplicate_threshold: float) -> None:
+    def __init__(
+        self, pool: Any, opts: GenerateOptions, near_duplicate_threshold: float, max_observation_chars: int = 0
+    ) -> None:
         self.pool = pool
+        self.max_observation_chars = max_observation_chars
         self.opts = opts
         self.threshold = near_duplicate_threshold
         self.prompts: list[frozenset[str]] = []  # accepted user prompts, as the gate compares them
@@ -966,7 +987,7 @@ class _Builder:
     async def one(self, key: str, index: int, tpl: Template) -> tuple[str, dict] | None:
         """Draw number `index` of a bucket: its own random generator, its calls, its row (None when skipped)."""
         rng = random.Random(f"{self.opts.seed}|{key}|{index}")
-        ctx = Ctx(rng, self.pool, self.world)
+        ctx = Ctx(rng, self.pool, self.world, self.max_observation_chars)
         async with self.slots:
             try:
                 draft = await tpl.build(ctx)
@@ -1025,7 +1046,7 @@ async def available_tools(pool: Any) -> set[str]:
 async def generate(cfg: Config, opts: GenerateOptions, pool: Any) -> list[dict[str, Any]]:
     """`opts.n` candidate rows from the templates that fit `opts` (split by template when `opts.splits`)."""
     templates = eligible_templates(opts, await available_tools(pool))
-    builder = _Builder(pool, opts, cfg.generation.near_duplicate_threshold)
+    builder = _Builder(pool, opts, cfg.generation.near_duplicate_threshold, cfg.env.max_observation_chars)
     opts.report(0, opts.n)
     if not opts.splits:
         rows = await builder.fill(None, templates, opts.n)

@@ -200,3 +200,30 @@ async def test_options_narrow_the_templates(pool: LocalToolPool) -> None:
         await r.generate(CFG, GenerateOptions(domains=("slack",), complexities=("hard",)), pool)
     with pytest.raises(GenerationError, match=r"domains=\['weather'\]"):
         await r.generate(CFG, GenerateOptions(domains=("weather",)), pool)
+
+
+async def test_every_expert_result_fits_the_envs_cut(pool: LocalToolPool) -> None:
+    """A draw with a tool result the env would cut is redrawn: with the demo's 2,000 characters every call of
+    every row, replayed, is shown whole, and the fiscal and range templates still come up; with 600 none is
+    longer either, and fewer draws of yoy_growth (two income statements, ~1,200 characters) fit."""
+
+    async def longest_shown(rows: list[dict[str, Any]]) -> int:
+        longest = 0
+        for row in rows:
+            for step in gt(row)["tool_sequence"]:
+                res = await pool.call_tool(step["server"], step["tool"], step["params"])
+                assert res.ok, (step, res.error)
+                longest = max(longest, len(f"{step['server']}.{step['tool']} returned:\n{res.text}"))
+        return longest
+
+    cfg = CFG.model_copy(deep=True)
+    cfg.env.max_observation_chars = 2000
+    opts = GenerateOptions(n=24, seed=5, domains=("polygon", "fmp", "python"), complexities=("simple", "medium"))
+    rows = await r.generate(cfg, opts, pool)
+    templates = Counter(row["extra_info"]["template"] for row in rows)
+    assert {"fiscal_metric", "fiscal_ratio", "yoy_growth", "range_return"} <= set(templates), templates
+    assert await longest_shown(rows) <= 2000
+    cfg.env.max_observation_chars = 600
+    small = await r.generate(cfg, opts, pool)
+    assert await longest_shown(small) <= 600
+    assert small and Counter(row["extra_info"]["template"] for row in small)["yoy_growth"] < templates["yoy_growth"]
