@@ -782,8 +782,9 @@ class Learner:
         if selective and self.cfg.learner.selective_logits:
             keep = torch.zeros(ids.shape, dtype=torch.bool)
             keep[:, :-1] = packed["loss_mask"] > 0
-            picked = keep.flatten().nonzero().squeeze(1)
-            if "rows" in packed:  # shared-prompt rows: the same positions, found where the rows hold them
+            if "rows" not in packed:
+                picked = keep.flatten().nonzero().squeeze(1)
+            else:  # shared-prompt rows: the same positions, found where the rows hold them
                 picked = packed["source"][keep[:, :-1]]
                 inputs = {
                     "input_ids": packed["rows"].to(dev),

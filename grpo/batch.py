@@ -179,14 +179,23 @@ def split_shared(samples: Sequence[Sample | Mapping], token_budget: int) -> list
     if token_budget < 1:
         raise ValueError(f"token_budget must be >= 1, got {token_budget}")
     batch = [as_sample(s, i) for i, s in enumerate(samples)]
-    rows = sorted(_rows(batch, token_budget), key=lambda row: (-_row_width(batch, row), row[0]))
-    batches: list[list[list[int]]] = []
-    for row in rows:
-        if batches and (len(batches[-1]) + 1) * _row_width(batch, batches[-1][0]) <= token_budget:
-            batches[-1].append(row)
+    rows = _rows(batch, token_budget)
+    return _fill(rows, [_row_width(batch, row) for row in rows], token_budget)
+
+
+def _fill(units: list[list[int]], widths: list[int], token_budget: int) -> list[list[int]]:
+    """Micro-batches of whole units (index lists) whose padded size (units × widest) is ≤ token_budget:
+    widest first (ties by first index), each micro-batch a run of that order, so neighbours have similar
+    widths and padding stays small; a unit wider than the budget goes alone. Each lists its indices unit
+    by unit."""
+    order = sorted(range(len(units)), key=lambda k: (-widths[k], units[k][0]))
+    batches: list[list[int]] = []  # unit numbers; the first of each is its widest
+    for k in order:
+        if batches and (len(batches[-1]) + 1) * widths[batches[-1][0]] <= token_budget:
+            batches[-1].append(k)
         else:
-            batches.append([row])
-    return [[i for row in rows_ for i in row] for rows_ in batches]
+            batches.append([k])
+    return [[i for k in b for i in units[k]] for b in batches]
 
 
 def pack_shared(samples: Sequence[Sample | Mapping], pad_id: int) -> dict[str, torch.Tensor]:
@@ -241,15 +250,7 @@ def split_by_tokens(samples: Sequence[Sample | Mapping], token_budget: int) -> l
     if token_budget < 1:
         raise ValueError(f"token_budget must be >= 1, got {token_budget}")
     lengths = _lengths(samples)
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    batches: list[list[int]] = []
-    for i in order:
-        # The first index of a batch is its longest sample (descending order).
-        if batches and (len(batches[-1]) + 1) * lengths[batches[-1][0]] <= token_budget:
-            batches[-1].append(i)
-        else:
-            batches.append([i])
-    return batches
+    return _fill([[i] for i in range(len(lengths))], lengths, token_budget)
 
 
 def shard(samples: Sequence[Sample | Mapping], world_size: int) -> list[list[int]]:
