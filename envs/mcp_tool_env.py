@@ -63,6 +63,7 @@ from envs.prompting import TOOL_CALL_FORMAT, prompt_messages
 from envs.rewards import COMPONENTS, RewardState, clip_step, reward_heuristic, zero_components
 from envs.tool_client import ToolClient, judge_from_config, resolve_tool_client
 from tasks.inventory import ToolListing, inventory_from_listing, inventory_tools_for_prompt
+from tasks.observation import cut, result_text
 from tasks.schema import GroundTruth
 
 log = logging.getLogger(__name__)
@@ -286,7 +287,7 @@ class MCPToolEnv(BaseTextEnv):
             add(scored)
             infra = infra or scored["infra_fault"]
             calls_meta.append(self._count_call(call, result, scored))
-            observations.append(self._message(_result_text(call, result)))
+            observations.append(self._message(result_text(call.name, result)))
         for err in parsed.errors:
             self._m["parse_failures"] += 1
             add(reward_heuristic(err, None, None, self.ground_truth, self.state, weights))
@@ -381,10 +382,7 @@ class MCPToolEnv(BaseTextEnv):
         }
 
     def _message(self, content: str) -> dict[str, str]:
-        limit = self.env_cfg.max_observation_chars
-        content = sanitize(content)
-        if len(content) > limit:
-            content = f"{content[:limit]}\n[output cut: {limit:,} of {len(content):,} characters shown]"
+        content = cut(sanitize(content), self.env_cfg.max_observation_chars)
         return {"role": self.env_cfg.observation_role, "content": content}
 
     @property
@@ -452,14 +450,6 @@ def _tools_key(env_config: Any) -> Any:
 
 def _out(observations: ConversationType, reward: float, done: bool, metadata: dict[str, Any]) -> BaseTextEnvStepOutput:
     return BaseTextEnvStepOutput(observations=observations, reward=reward, done=done, metadata=metadata)
-
-
-def _result_text(call: ToolCall, result: Any) -> str:
-    if bool(getattr(result, "ok", False)):
-        return f"{call.name} returned:\n{getattr(result, 'text', '')}"
-    kind = getattr(result, "error_kind", None) or "error"
-    error = getattr(result, "error", None) or getattr(result, "text", "") or "no details"
-    return f"{call.name} failed ({kind}): {error}"
 
 
 def _error_text(err: ParseError) -> str:

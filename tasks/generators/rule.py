@@ -70,6 +70,7 @@ from cluster.retry import RetryPolicy, retry_async
 from configs.schema import Complexity, Config
 from tasks.generators.options import GenerateOptions, GenerationError
 from tasks.generators.splits import assign_templates, check_splits, row_quotas
+from tasks.observation import result_text
 from tasks.schema import TaskRow
 from tasks.similarity import jaccard, shingles
 
@@ -176,9 +177,8 @@ class Ctx:
         res = await retry_async(once, TRANSIENT_RETRY, retry_result=lambda r: not r.ok and r.error_kind in TRANSIENT)
         if not res.ok:
             raise Skip(f"{server}.{tool} failed: {res.error_kind}: {res.error}")
-        # The env shows a result as "<server.tool> returned:\n<text>", cut at its limit: a task whose expert
-        # works from a value the model is never shown teaches it to make that value up.
-        shown = len(f"{server}.{tool} returned:\n") + len(res.text or "")
+        # A task whose expert works from a value the model is never shown teaches it to make that value up.
+        shown = len(result_text(f"{server}.{tool}", res))
         if self.max_observation_chars and shown > self.max_observation_chars:
             raise Skip(f"{server}.{tool}'s result ({shown} characters) would be cut at env.max_observation_chars")
         self.steps.append({"step": len(self.steps) + 1, "server": server, "tool": tool, "params": dict(params)})

@@ -22,6 +22,7 @@ from tasks.generators import rule as r
 from tasks.generators.options import GenerateOptions, GenerationError
 from tasks.generators.splits import assign_templates, parse_splits, row_quotas
 from tasks.inventory import inventory_from_listing
+from tasks.observation import result_text
 from tasks.schema import COMPLEXITY_CALLS, TaskRow
 
 CFG = Config()
@@ -213,7 +214,7 @@ async def test_every_expert_result_fits_the_envs_cut(pool: LocalToolPool) -> Non
             for step in gt(row)["tool_sequence"]:
                 res = await pool.call_tool(step["server"], step["tool"], step["params"])
                 assert res.ok, (step, res.error)
-                longest = max(longest, len(f"{step['server']}.{step['tool']} returned:\n{res.text}"))
+                longest = max(longest, len(result_text(f"{step['server']}.{step['tool']}", res)))
         return longest
 
     cfg = CFG.model_copy(deep=True)
