@@ -398,6 +398,7 @@ class HeuristicWeights(Strict):
     malformed: float = -0.2
     unknown_tool: float = -0.2
     timeout: float = -0.2
+    guess: float = Field(-0.5, description="An answer before any call was tried, on a task that needs tools.")
     outcome: float = 1.0
 
 

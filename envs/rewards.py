@@ -21,6 +21,11 @@ Components (default weights in brackets):
 - unknown_tool [−0.2]: no such tool (or an ambiguous bare name).
 - timeout [−0.2]: the tool ran past its time limit; it earns nothing else (a timed-out call could
   otherwise be repeated for shaping reward).
+- guess [−0.5]: the final answer came before anything else: no call ran or was rejected, no
+  turn failed to parse, on a task whose `tool_sequence` is not empty. Without it a guessed answer
+  (0) pays more than a call whose arguments the tool rejected (−0.2), and GRPO on a model that
+  rarely calls well learns to stop calling; with it, up to two failed attempts before the answer
+  still beat a guess.
 - outcome [+1.0]: the final answer matches `final_answer`: numbers — one of the first 20 numbers in
   the answer's first 2,000 characters is within `tolerance` (absolute) of the value; text — the
   value is contained in the answer, case-insensitively, whitespace collapsed. A task without
@@ -28,14 +33,14 @@ Components (default weights in brackets):
 - An infrastructure fault (`result.infra_fault`: upstream, unavailable) scores 0 in every
   component and sets `infra_fault` in the returned dict; it never counts against the policy.
 
-Ranges with the default weights. One call: −0.2 ≤ r ≤ 1.0 (0.2+0.4+0.2+0.1+0.1). One answer:
-0 or 1. A turn (several calls, errors and maybe an answer) sums its events and is clipped to
-[−1, 1] by `clip_step` (the components stay unclipped, for logging): four failing calls plus a
-refused fifth would reach −1.0, a good call plus a correct answer in one turn 2.0. An episode of
-T turns (T ≤ max_turns) therefore totals within [−T, T]. A model that follows the expected
-sequence of S steps and answers correctly earns 0.4 + 0.6·S + 1.0 with the default weights
-(e.g. 2.0 for a one-step task); a call that does not advance the sequence earns at most 0.3
-(allowed_tool + tool_ok), and nothing when it repeats an earlier call exactly.
+Ranges with the default weights. One call: −0.2 ≤ r ≤ 1.0 (0.2+0.4+0.2+0.1+0.1). One answer: 0 or 1
+(−0.5 or 0.5 when it is a guess: nothing tried before it). A turn (several calls, errors and maybe
+an answer) sums its events and is clipped to [−1, 1] by `clip_step` (the components stay unclipped,
+for logging): four failing calls plus a refused fifth would reach −1.0, a good call plus a correct
+answer in one turn 2.0. An episode of T turns (T ≤ max_turns) therefore totals within [−T, T]. A
+model that follows the expected sequence of S steps and answers correctly earns 0.4 + 0.6·S + 1.0
+with the default weights (e.g. 2.0 for a one-step task); a call that does not advance the sequence
+earns at most 0.3 (allowed_tool + tool_ok), and nothing when it repeats an earlier call exactly.
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ COMPONENTS = (
     "malformed",
     "unknown_tool",
     "timeout",
+    "guess",
     "outcome",
 )
 STEP_MIN, STEP_MAX = -1.0, 1.0
@@ -72,6 +78,7 @@ class RewardState:
     """What the reward remembers across the steps of one episode."""
 
     calls_run: int = 0  # calls that reached a tool and ran (not rejected, not infra faults)
+    calls_tried: int = 0  # call events of any outcome, parse errors included
     next_step: int = 0  # index into tool_sequence of the next expected step
     seen_calls: set[str] = field(default_factory=set)  # canonical (tool, args) of calls already made
     answered: bool = False
@@ -107,6 +114,8 @@ def reward_heuristic(
     gt = ground_truth if isinstance(ground_truth, GroundTruth) else GroundTruth.model_validate(ground_truth)
     comp = zero_components()
     infra = False
+    if isinstance(action, ParseError | ToolCall):
+        state.calls_tried += 1
     if isinstance(action, ParseError):
         if action.kind == "unknown_tool":
             comp["unknown_tool"] = w.unknown_tool
@@ -116,6 +125,8 @@ def reward_heuristic(
         infra = _score_call(action, tool_name or action.name, tool_result, gt, state, w, comp)
     elif isinstance(action, str):
         state.answered = True
+        if state.calls_tried == 0 and gt.tool_sequence:
+            comp["guess"] = w.guess
         if answer_matches(action, gt, state):
             comp["outcome"] = w.outcome
     total = math.fsum(comp.values())

@@ -150,9 +150,27 @@ def test_outcome_numbers():
     assert score("The close was $186.52.")[0]["components"]["outcome"] == 1.0
     assert score("186.525")[0]["components"]["outcome"] == 1.0  # within tolerance
     assert score("about 186.6")[0]["components"]["outcome"] == 0.0
-    assert score("no idea")[0]["total_reward"] == 0.0
+    assert score("no idea", state=RewardState(calls_tried=1))[0]["total_reward"] == 0.0
     r, state = score("It closed at 186.52")
     assert r["task_complete"] and state.answered
+
+
+def test_an_answer_before_any_try_is_a_guess():
+    w = HeuristicWeights()
+    assert nonzero(score("no idea")[0]) == {"guess": w.guess}
+    assert nonzero(score("It closed at 186.52")[0]) == {"guess": w.guess, "outcome": w.outcome}
+    no_tools = GT.model_copy(update={"tool_sequence": []})
+    assert nonzero(score("no idea", gt=no_tools)[0]) == {}
+    # a rejected call, an unreadable turn or a call that ran: each is a try, and beats the guess
+    for first, result in [
+        (call(ticker="NVDA"), Result(ok=False, error_kind="invalid_arguments")),
+        (ParseError("no_action", "x"), None),
+        (call("polygon.nope"), Result(ok=False, error_kind="unknown_tool")),
+    ]:
+        r1, state = score(first, result)
+        r2, _ = score("no idea", state=state)
+        assert "guess" not in nonzero(r2)
+        assert r1["total_reward"] + r2["total_reward"] > score("no idea")[0]["total_reward"]
 
 
 def test_outcome_thousands_and_text():
@@ -205,7 +223,7 @@ def _turn_total(state, events):
     for action, result in events:
         name = action.name if isinstance(action, ToolCall) else None
         r = reward_heuristic(action, name, result, GT, state)
-        assert -0.2 - 1e-9 <= r["total_reward"] <= 1.0 + 1e-9  # one event, default weights
+        assert -0.5 - 1e-9 <= r["total_reward"] <= 1.0 + 1e-9  # one event, default weights
         for k, v in r["components"].items():
             comps[k] += v
     return clip_step(sum(comps.values())), comps
