@@ -13,12 +13,18 @@ from pathlib import Path
 
 import pytest
 
+from configs.schema import Config
+from serve_apps.tool_pool import LocalToolPool
 from tasks.io import read_rows
+from tasks.observation import result_text
 from tasks.schema import TaskRow
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "tasks" / "examples" / "conversations.jsonl"
 SPLIT = "train=0.8,validation=0.1,test=0.1"
+CUT = 1200  # characters: under the longest fiscal results, so the generator has draws to redo
+CUT_ARGS = ["--domains", "polygon,fmp,python", "--complexities", "simple,medium"]
+CUT_ARGS += ["--set", f"env.max_observation_chars={CUT}"]
 KNOB_VARS = ("N_SAMPLES", "DOMAINS", "COMPLEXITIES", "MAX_TOOLS", "MAX_TURNS", "OPENAI_MODEL", "OPENAI_BACKEND")
 
 
@@ -78,6 +84,7 @@ def runs(tmp: Path) -> dict[str, Run]:
         "missing_in": (["--method", "dependent", "--in", str(tmp / "missing.jsonl")], {}),
         "domain": (["--method", "rule", "--domains", "weather", "--out", str(tmp / "w.jsonl")], {}),
         "config": (["--method", "rule", "--set", "generation.max_turns=99"], {}),
+        "cut": (["--method", "rule", "--n", "16", "--seed", "3", *CUT_ARGS, "--out", str(tmp / "cut.jsonl")], {}),
         "uri_out": (["--method", "rule", "--out", "s3://bucket/tasks.jsonl"], {}),
         # a submitted Ray job: its working directory goes away, so a relative --out lands under ~/mcprl
         "in_job": (
@@ -99,6 +106,25 @@ def test_rule_writes_admitted_rows_and_prints_the_summary(runs: dict[str, Run], 
     assert len(rows) == 40
     for row in rows:
         TaskRow.model_validate(row)
+
+
+async def test_every_expert_result_fits_the_cut_the_config_sets(runs: dict[str, Run], tmp: Path) -> None:
+    """The rows' tool results, replayed and rendered as the env shows them, are never cut: the generator read
+    env.max_observation_chars from --set and redrew the tasks whose expert would read past it."""
+    run = runs["cut"]
+    assert run.rc == 0, run.out
+    assert "would be cut at env.max_observation_chars" in run.out  # some draws were redone
+    rows = read_rows(tmp / "cut.jsonl")
+    assert len(rows) == 16
+    pool = await LocalToolPool.create(Config().tools)
+    try:
+        for row in rows:
+            for step in row["reward_spec"]["ground_truth"]["tool_sequence"]:
+                res = await pool.call_tool(step["server"], step["tool"], step["params"])
+                assert res.ok, (step, res.error)
+                assert len(result_text(f"{step['server']}.{step['tool']}", res)) <= CUT, (row["extra_info"], step)
+    finally:
+        await pool.close()
 
 
 def test_split_writes_one_file_per_split_without_shared_templates(runs: dict[str, Run], tmp: Path) -> None:
