@@ -900,8 +900,12 @@ class Learner:
         if max_chunk_bytes < 1:
             raise ValueError(f"export_weights: max_chunk_bytes must be >= 1, got {max_chunk_bytes}")
         dtype = getattr(torch, self.cfg.model.dtype)
-        policy = self.backend.named_full_tensors(self.model, lambda n: not _is_value_head(n))
-        named = self._named_merged() if self.lora else policy
+        # LoRA merges in float32 first; full weights are cast on the learner's device
+        named = (
+            self._named_merged()
+            if self.lora
+            else self.backend.named_full_tensors(self.model, lambda n: not _is_value_head(n), dtype=dtype)
+        )
         chunk: dict[str, torch.Tensor] = {}
         size = 0
         group: dict[str, torch.Tensor] = {}

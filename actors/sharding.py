@@ -70,7 +70,7 @@ class ShardingBackend(Protocol):
     def clip_grad_norm(self, params: Iterable[torch.Tensor], max_norm: float) -> float: ...
 
     def named_full_tensors(
-        self, model: nn.Module, keep: Callable[[str], bool], all_ranks: bool = False
+        self, model: nn.Module, keep: Callable[[str], bool], all_ranks: bool = False, dtype: torch.dtype | None = None
     ) -> Iterator[tuple[str, torch.Tensor | None]]: ...
 
     def local(self, tensor: torch.Tensor) -> torch.Tensor: ...
@@ -86,6 +86,16 @@ class ShardingBackend(Protocol):
     def save(self, folder: str, model: nn.Module, optimizer: Any | None, keep: Callable[[str], bool]) -> None: ...
 
     def load(self, folder: str, model: nn.Module, optimizer: Any | None, keep: Callable[[str], bool]) -> None: ...
+
+
+def cpu_copy(tensor: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A detached copy of `tensor` on the CPU, in `dtype` if given. An accelerator's tensor is cast where it
+    is, then moved: a blocking copy to the CPU would move it whole and cast there (twice the bytes for
+    fp32 master weights sent as bf16)."""
+    t = tensor.detach()
+    if t.device.type == "cpu":
+        return t.to(dtype=dtype or t.dtype, copy=True)
+    return t.to(dtype or t.dtype).to("cpu")
 
 
 def make_backend(
@@ -157,10 +167,10 @@ class _Common:
         return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
     def named_full_tensors(
-        self, model: nn.Module, keep: Callable[[str], bool], all_ranks: bool = False
+        self, model: nn.Module, keep: Callable[[str], bool], all_ranks: bool = False, dtype: torch.dtype | None = None
     ) -> Iterator[tuple[str, torch.Tensor | None]]:
-        """(name, whole tensor on CPU) on rank 0 (on every rank with `all_ranks`), else (name, None), for the
-        parameters `keep` accepts, in model order.
+        """(name, whole tensor on CPU, cast to `dtype` if given) on rank 0 (on every rank with `all_ranks`),
+        else (name, None), for the parameters `keep` accepts, in model order.
 
         Every rank must drain the iterator: gathering a sharded parameter is a collective."""
         from torch.distributed.tensor import DTensor
@@ -169,7 +179,7 @@ class _Common:
             if not keep(name):
                 continue
             full = param.full_tensor() if isinstance(param, DTensor) else param
-            yield name, (full.detach().to("cpu", copy=True) if all_ranks or self.rank == 0 else None)
+            yield name, (cpu_copy(full, dtype) if all_ranks or self.rank == 0 else None)
 
     def save(self, folder: str, model: nn.Module, optimizer: Any | None, keep: Callable[[str], bool]) -> None:
         import torch.distributed.checkpoint as dcp
@@ -437,14 +447,14 @@ class DeepspeedBackend(NoShardBackend):
         return tensor.ds_tensor
 
     def named_full_tensors(
-        self, model: nn.Module, keep: Callable[[str], bool], all_ranks: bool = False
+        self, model: nn.Module, keep: Callable[[str], bool], all_ranks: bool = False, dtype: torch.dtype | None = None
     ) -> Iterator[tuple[str, torch.Tensor | None]]:
         """As `_Common.named_full_tensors`; a ZeRO-3 parameter is gathered (a collective) one at a time."""
         for name, param in model.named_parameters():
             if not keep(name):
                 continue
             with self._ds.zero.GatheredParameters([param], enabled=hasattr(param, "ds_id")):
-                full = param.detach().to("cpu", copy=True) if all_ranks or self.rank == 0 else None
+                full = cpu_copy(param, dtype) if all_ranks or self.rank == 0 else None
             yield name, full
 
     def save(self, folder: str, model: nn.Module, optimizer: Any | None, keep: Callable[[str], bool]) -> None:
