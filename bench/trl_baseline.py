@@ -58,18 +58,18 @@ class PoolTool(dict):
 
 def pool_tools(pool: Any, servers: set[str], env_cfg: Any) -> list[PoolTool]:
     """The servers' tools as PoolTools; a result is the text mcprl's env shows as the observation
-    (its `_result_text`, cut at `env_cfg.max_observation_chars` by the env's own `_message`)."""
+    (`tasks.observation.result_text`, cut at `env_cfg.max_observation_chars` by the env's own `_message`)."""
     from types import SimpleNamespace
 
-    from envs.mcp_tool_env import MCPToolEnv, _result_text
-    from envs.parsing import ToolCall
+    from envs.mcp_tool_env import MCPToolEnv
     from tasks.inventory import inventory_tools_for_prompt
+    from tasks.observation import result_text
 
     holder = SimpleNamespace(env_cfg=env_cfg)  # all `_message` reads of its env
 
     def call(server: str, tool: str, arguments: dict[str, Any]) -> str:
         result = run_sync(pool.call_tool(server, tool, arguments))
-        return MCPToolEnv._message(holder, _result_text(ToolCall(server, tool, arguments), result))["content"]
+        return MCPToolEnv._message(holder, result_text(f"{server}.{tool}", result))["content"]
 
     listing = run_sync(pool.list_tools())
     return [PoolTool(d, call) for d in inventory_tools_for_prompt(listing, servers)]
