@@ -16,8 +16,8 @@ import pytest
 from configs.schema import Config
 from serve_apps.tool_pool import LocalToolPool
 from tasks.io import read_rows
-from tasks.observation import result_text
 from tasks.schema import TaskRow
+from tests.tasks.replay import longest_shown
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "tasks" / "examples" / "conversations.jsonl"
@@ -118,11 +118,7 @@ async def test_every_expert_result_fits_the_cut_the_config_sets(runs: dict[str, 
     assert len(rows) == 16
     pool = await LocalToolPool.create(Config().tools)
     try:
-        for row in rows:
-            for step in row["reward_spec"]["ground_truth"]["tool_sequence"]:
-                res = await pool.call_tool(step["server"], step["tool"], step["params"])
-                assert res.ok, (step, res.error)
-                assert len(result_text(f"{step['server']}.{step['tool']}", res)) <= CUT, (row["extra_info"], step)
+        assert await longest_shown(pool, rows) <= CUT
     finally:
         await pool.close()
 

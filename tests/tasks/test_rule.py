@@ -22,8 +22,8 @@ from tasks.generators import rule as r
 from tasks.generators.options import GenerateOptions, GenerationError
 from tasks.generators.splits import assign_templates, parse_splits, row_quotas
 from tasks.inventory import inventory_from_listing
-from tasks.observation import result_text
 from tasks.schema import COMPLEXITY_CALLS, TaskRow
+from tests.tasks.replay import longest_shown
 
 CFG = Config()
 N = 42  # 14 per complexity: every template of each complexity comes up (round-robin)
@@ -208,23 +208,14 @@ async def test_every_expert_result_fits_the_envs_cut(pool: LocalToolPool) -> Non
     every row, replayed, is shown whole, and the fiscal and range templates still come up; with 600 none is
     longer either, and fewer draws of yoy_growth (two income statements, ~1,200 characters) fit."""
 
-    async def longest_shown(rows: list[dict[str, Any]]) -> int:
-        longest = 0
-        for row in rows:
-            for step in gt(row)["tool_sequence"]:
-                res = await pool.call_tool(step["server"], step["tool"], step["params"])
-                assert res.ok, (step, res.error)
-                longest = max(longest, len(result_text(f"{step['server']}.{step['tool']}", res)))
-        return longest
-
     cfg = CFG.model_copy(deep=True)
     cfg.env.max_observation_chars = 2000
     opts = GenerateOptions(n=24, seed=5, domains=("polygon", "fmp", "python"), complexities=("simple", "medium"))
     rows = await r.generate(cfg, opts, pool)
     templates = Counter(row["extra_info"]["template"] for row in rows)
     assert {"fiscal_metric", "fiscal_ratio", "yoy_growth", "range_return"} <= set(templates), templates
-    assert await longest_shown(rows) <= 2000
+    assert await longest_shown(pool, rows) <= 2000
     cfg.env.max_observation_chars = 600
     small = await r.generate(cfg, opts, pool)
-    assert await longest_shown(small) <= 600
+    assert await longest_shown(pool, small) <= 600
     assert small and Counter(row["extra_info"]["template"] for row in small)["yoy_growth"] < templates["yoy_growth"]
