@@ -778,7 +778,9 @@ class Learner:
         ids = packed["input_ids"]
         dev = device or self.device
         keep = picked = None
-        inputs = {"input_ids": ids.to(dev), "attention_mask": packed["attention_mask"].to(dev)}
+        inputs = {"input_ids": ids.to(dev)}
+        if self.cfg.learner.pad_mask:
+            inputs["attention_mask"] = packed["attention_mask"].to(dev)
         if selective and self.cfg.learner.selective_logits:
             keep = torch.zeros(ids.shape, dtype=torch.bool)
             keep[:, :-1] = packed["loss_mask"] > 0

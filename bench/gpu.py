@@ -13,7 +13,8 @@ such a box. For each shape, side by side in one run:
 1. Learner tokens/s, LoRA r=16 on q,k,v,o, bf16, gradient checkpointing, on suite train's synthetic GRPO
    batch (`gpu.samples` × ~`gpu.prompt_tokens` + ~`gpu.gen_tokens`, in groups of `gpu.group_size` sharing a
    prompt): today's path (the LM head only where the loss mask is 1, a group's prompt computed once)
-   against each episode whole, and against the LM head at every position too (`PATHS`), steps interleaved.
+   against each episode whole (with and without the padding mask), and against the LM head at every
+   position too (`PATHS`), steps interleaved.
 2. HF engine generated tokens/s: `gpu.batch` concurrent requests of `gpu.prompt_tokens` random ids, each
    generating `gpu.new_tokens` at temperature 1 (stop strings off, so every request runs to the end).
 3. Weight sync inside one process: `export_adapter` → `HFEngine.load_adapter` (LoRA), and with a full
@@ -50,6 +51,7 @@ SHAPES: dict[str, dict[str, int]] = {
 PATHS: dict[str, dict[str, bool]] = {
     "ours": {},  # the LM head at trained positions, a group's prompt once
     "unshared": {"shared_prompt": False},  # each episode whole
+    "pad_mask": {"shared_prompt": False, "pad_mask": True},  # each episode whole, the padding mask to attention
     "full_logits": {"selective_logits": False},  # the LM head at every position, each episode whole
 }
 
@@ -251,6 +253,9 @@ def run(opts: BenchOptions, console: Any) -> SuiteResult:
                         "LM head at every position, each episode whole"))  # fmt: skip
         rows.append(Row(f"{name}: learner tokens/s, a group's prompt once", "tokens/s", per_s(sel),
                         per_s(lr["unshared"]), "each episode whole"))  # fmt: skip
+        rows.append(Row(f"{name}: learner tokens/s, episodes whole without the padding mask", "tokens/s",
+                        per_s(lr["unshared"]), per_s(lr["pad_mask"]),
+                        "the padding mask passed to attention"))  # fmt: skip
         rows.append(
             Row(
                 f"{name}: HF engine generated tokens/s",

@@ -13,7 +13,9 @@ Measured side by side in one run, on an embedded Ray (or the Ray already running
    with it, two learners on old paths: `learner.selective_logits` false (the LM head at every position,
    each episode whole): `learner_selective_speedup` = its median step time / ours; and
    `learner.shared_prompt` false (each episode whole, the LM head at trained positions):
-   `learner_shared_speedup` = its median step time / ours.
+   `learner_shared_speedup` = its median step time / ours; and the same with `learner.pad_mask` true
+   (the padding mask passed to attention, which keeps SDPA off its causal kernel):
+   `learner_causal_speedup` = its median step time / the unshared one's.
 2. LoRA push to every engine of a RolloutGroup (2 HF engines; then 1 vLLM engine if it fits the time
    budget), the same engines and the same learner, the two paths alternating (order flipped each round):
    (a) object store:  export_adapter_ref() (learner → one object)  →  push_adapter(v, ref) (each engine
@@ -74,7 +76,7 @@ def bench_config(opts: TrainOptions, mode: str, backend: str = "hf", engines: in
             "finetune": {"mode": mode, "lora": {"r": 16, "alpha": 32}},
             "learner": {
                 "workers": 1,
-                "worker_resources": {"num_cpus": 0.5},
+                "worker_resources": {"num_cpus": 0.3},  # five learners at once: ours, full, three old paths
                 "dtype": "bfloat16",
                 "gradient_checkpointing": True,
                 "micro_batch_tokens": 4096,  # fp32 logits of a 49k vocabulary: ~0.9 GB per micro-batch
@@ -453,6 +455,7 @@ def run_train_suite(opts: TrainOptions, console: Any) -> dict[str, Any]:
 
     all_logits_learner = variant("all-logits", selective_logits=False)
     unshared_learner = variant("unshared", shared_prompt=False)
+    pad_mask_learner = variant("pad-mask", shared_prompt=False, pad_mask=True)
 
     async def parts() -> None:
         try:
@@ -463,12 +466,12 @@ def run_train_suite(opts: TrainOptions, console: Any) -> dict[str, Any]:
                 console,
                 lora_learner,
                 full_learner,
-                (all_logits_learner, unshared_learner),
+                (all_logits_learner, unshared_learner, pad_mask_learner),
                 root,
                 t_start,
             )
         finally:
-            for group in (lora_learner, full_learner, all_logits_learner, unshared_learner):
+            for group in (lora_learner, full_learner, all_logits_learner, unshared_learner, pad_mask_learner):
                 await group.shutdown()
 
     try:
@@ -483,7 +486,7 @@ def run_train_suite(opts: TrainOptions, console: Any) -> dict[str, Any]:
 
 async def _run_parts(
     report: dict[str, Any], opts: TrainOptions, batch: list[dict[str, Any]], console: Any,
-    lora_learner: Any, full_learner: Any, old_learners: tuple[Any, Any], root: Path, t_start: float,
+    lora_learner: Any, full_learner: Any, old_learners: tuple[Any, Any, Any], root: Path, t_start: float,
 ) -> None:  # fmt: skip
     from actors.engines import vllm_available
 
@@ -492,14 +495,22 @@ async def _run_parts(
         await full_learner.start()
     steps = opts.train_warmup + opts.train_steps
     with console.status(f"train: {steps} train_step(s) of {opts.samples} samples, today's path and the old ones"):
-        all_logits, unshared = old_learners
-        await asyncio.gather(all_logits.start(), unshared.start())
-        learners = {"learner": lora_learner, "learner_all_logits": all_logits, "learner_unshared": unshared}
+        all_logits, unshared, pad_mask = old_learners
+        await asyncio.gather(*(group.start() for group in old_learners))
+        learners = {
+            "learner": lora_learner,
+            "learner_all_logits": all_logits,
+            "learner_unshared": unshared,
+            "learner_pad_mask": pad_mask,
+        }
         report.update(await bench_learners(learners, batch, opts.train_warmup, opts.train_steps))
-        await asyncio.gather(all_logits.shutdown(), unshared.shutdown())
+        await asyncio.gather(*(group.shutdown() for group in old_learners))
         step = report["learner"]["step_s_median"]
         report["learner_selective_speedup"] = report["learner_all_logits"]["step_s_median"] / step
         report["learner_shared_speedup"] = report["learner_unshared"]["step_s_median"] / step
+        report["learner_causal_speedup"] = (
+            report["learner_pad_mask"]["step_s_median"] / report["learner_unshared"]["step_s_median"]
+        )
     with console.status(f"train: {opts.engines} HF engine(s): LoRA pushes a/b, weight syncs"):
         report["hf"] = await bench_engines(lora_learner.cfg, lora_learner, full_learner, opts, root)
     elapsed = time.perf_counter() - t_start
@@ -535,6 +546,7 @@ def print_train(report: dict[str, Any], console: Any) -> None:
     paths = (
         ("trained positions, prompt once per group", "learner"),
         ("trained positions, each episode whole (old)", "learner_unshared"),
+        ("the same, the padding mask passed to attention (old)", "learner_pad_mask"),
         ("every position (old)", "learner_all_logits"),
     )
     for label, key in paths:
@@ -546,7 +558,8 @@ def print_train(report: dict[str, Any], console: Any) -> None:
     console.print(table)
     console.print(
         f"LM head only at trained positions and a group's prompt once: {report['learner_selective_speedup']:.2f}x "
-        f"the LM head everywhere; the prompt once alone: {report['learner_shared_speedup']:.2f}x"
+        f"the LM head everywhere; the prompt once alone: {report['learner_shared_speedup']:.2f}x; episodes whole "
+        f"without the padding mask: {report['learner_causal_speedup']:.2f}x with it"
     )
 
     groups = [(name, report[name]) for name in ("hf", "vllm") if "lora" in report.get(name, {})]
@@ -616,6 +629,7 @@ def run(opts: BenchOptions, console: Any) -> SuiteResult:
     sizes = opts.train.model_copy(update=QUICK) if opts.quick else opts.train
     report = run_train_suite(sizes, console)
     ln, old, whole = report["learner"], report["learner_all_logits"], report["learner_unshared"]
+    masked = report["learner_pad_mask"]
     size = f"{report['model']}, {ln['samples']} samples in groups of {sizes.group_size}, LoRA"
     rows = [
         Row(f"learner tokens/s ({size})", "tokens/s",
@@ -626,6 +640,10 @@ def run(opts: BenchOptions, console: Any) -> SuiteResult:
             spread([ln["tokens_per_step"] / s for s in ln["step_s"]]),
             spread([whole["tokens_per_step"] / s for s in whole["step_s"]]),
             "each episode whole (both: LM head at trained positions)"),
+        Row(f"learner tokens/s, episodes whole without the padding mask ({size})", "tokens/s",
+            spread([whole["tokens_per_step"] / s for s in whole["step_s"]]),
+            spread([masked["tokens_per_step"] / s for s in masked["step_s"]]),
+            "the padding mask passed to attention (both: each episode whole)"),
     ]  # fmt: skip
     for name in ("hf", "vllm"):
         g = report.get(name, {})

@@ -667,6 +667,13 @@ class LearnerConfig(Strict):
         "episodes' responses attending to it (grpo.batch.pack_shared): the same logprobs on fewer tokens; "
         "false: each episode whole (the old path, kept for comparison).",
     )
+    pad_mask: bool = Field(
+        False,
+        description="Pass the padding mask to attention where episodes are each whole (SFT demonstrations, "
+        "shared_prompt false); false: none, since right padding comes after every real token and the causal "
+        "mask already hides it, and without a mask SDPA runs its causal kernel, which skips the masked half "
+        "(the same logprobs; true is the old path, kept for comparison).",
+    )
     reference: Literal["fixed", "periodic", "ema"] = Field(
         "fixed",
         description="How the KL reference moves: fixed (the base, or the warm-started policy); periodic (a copy of "

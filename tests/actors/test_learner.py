@@ -519,6 +519,36 @@ def test_shared_prompt_rows_give_the_same_steps_on_fewer_tokens(micro_batch_toke
     assert read_a < read_b
 
 
+def test_no_padding_mask_gives_the_same_steps() -> None:
+    """learner.pad_mask false: right-padded episodes go to attention without a mask (the causal one hides
+    the padding), and an SFT step then a GRPO step on episodes of different lengths (each whole) give the
+    masked path's metrics and parameters."""
+
+    def run(pad_mask: bool) -> tuple[dict[str, float], dict[str, float], dict[str, torch.Tensor], list[bool]]:
+        cfg = make_cfg("lora", shared_prompt=False, pad_mask=pad_mask, dtype="float32")
+        cfg.model.dtype = "float32"
+        learner = Learner(cfg)
+        learner.setup()
+        masked: list[bool] = []
+        hook = learner.model.register_forward_pre_hook(
+            lambda _m, _args, kwargs: masked.append(kwargs.get("attention_mask") is not None), with_kwargs=True
+        )
+        batch = grouped_batch()
+        sft = learner.sft_step(batch)
+        grpo = learner.train_step(batch)
+        hook.remove()
+        return sft, grpo, trained(learner), masked
+
+    sft_a, grpo_a, params_a, masked_a = run(False)
+    sft_b, grpo_b, params_b, masked_b = run(True)
+    assert masked_a and masked_b and not any(masked_a) and all(masked_b)
+    assert sft_a["sft_loss"] == pytest.approx(sft_b["sft_loss"], rel=1e-5)
+    for k in ("policy_loss", "ratio_mean", "logprob_gap", "grad_norm", "tokens"):
+        assert grpo_a[k] == pytest.approx(grpo_b[k], rel=1e-4, abs=1e-6), k
+    for name, value in params_b.items():
+        assert torch.allclose(params_a[name], value, rtol=1e-3, atol=1e-4), name
+
+
 def test_dr_grpo_divides_by_a_constant_whatever_the_micro_batches() -> None:
     """advantage dr_grpo: the loss is Σ tokens / (N_seq · dr_grpo_norm_tokens), not / its token count.
     fixed_batch(4) has 4 × 5 = 20 trained tokens; with L_max = 10 the constant is 40, so the gradient is

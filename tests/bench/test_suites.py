@@ -138,7 +138,9 @@ def test_gpu_suite_runs_without_ray_or_vllm(tmp_path: Path) -> None:
     assert learner["baseline_name"] == "LM head at every position, each episode whole" and learner["ratio"] > 0
     once = rows["tiny: learner tokens/s, a group's prompt once"]
     assert once["baseline_name"] == "each episode whole" and once["ours"] == learner["ours"]
-    assert set(shape["learner"]) == {"ours", "unshared", "full_logits"}
+    assert set(shape["learner"]) == {"ours", "unshared", "pad_mask", "full_logits"}
+    causal = rows["tiny: learner tokens/s, episodes whole without the padding mask"]
+    assert causal["baseline_name"] == "the padding mask passed to attention" and causal["ratio"] > 0
     engine = shape["engine"]["runs"][0]
     assert engine["generated"] == 4 * 8  # --quick: 4 requests x 8 new tokens, stop strings off
     for figure in (

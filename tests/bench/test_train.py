@@ -85,6 +85,9 @@ def test_train_suite_reports_every_figure(ray_cluster) -> None:
     whole = report["learner_unshared"]  # the same batch, each episode whole (--quick: one group of 4)
     assert whole["tokens_per_step"] == ln["tokens_per_step"] and len(whole["step_s"]) == 1
     assert report["learner_shared_speedup"] == pytest.approx(whole["step_s_median"] / ln["step_s_median"])
+    masked = report["learner_pad_mask"]  # each episode whole, the padding mask passed to attention
+    assert masked["tokens_per_step"] == ln["tokens_per_step"] and len(masked["step_s"]) == 1
+    assert report["learner_causal_speedup"] == pytest.approx(masked["step_s_median"] / whole["step_s_median"])
 
     model = load_causal_lm(ModelConfig(name="tiny-random"))
     hf = report["hf"]
@@ -131,6 +134,7 @@ def test_train_suite_reports_every_figure(ray_cluster) -> None:
     assert set(figures) == {
         "learner tokens/s",
         "learner tokens/s, a group's prompt once",
+        "learner tokens/s, episodes whole without the padding mask",
         "LoRA push",
         "full-weight sync",
     }
@@ -138,6 +142,9 @@ def test_train_suite_reports_every_figure(ray_cluster) -> None:
     once = figures["learner tokens/s, a group's prompt once"]
     assert once.ours.values == figures["learner tokens/s"].ours.values
     assert once.baseline.values == [whole["tokens_per_step"] / s for s in whole["step_s"]]
+    causal = figures["learner tokens/s, episodes whole without the padding mask"]
+    assert causal.ours.values == once.baseline.values
+    assert causal.baseline.values == [masked["tokens_per_step"] / s for s in masked["step_s"]]
     push = figures["LoRA push"]
     assert push.ours.values == a["total_all_ms"] and push.baseline.values == b["total_all_ms"]
     assert push.better == "lower" and push.ratio == pytest.approx(lora["ratio"])
