@@ -112,6 +112,7 @@ class Learner:
         self._sft_optimizer: Any = None
         self.device: torch.device | None = None
         self.pad_id = 0
+        self.hidden_size = 0  # the model's, for the shared-prompt cost rule (grpo.batch.pair_cost)
         self.step = 0  # optimizer steps of RL training
         self.iteration = 0  # train_step calls
         self._trainable: list[torch.Tensor] = []
@@ -250,6 +251,7 @@ class Learner:
             base = load_causal_lm(self.cfg.model.model_copy(update={"dtype": "float32"}))  # fp32 master weights
             base.requires_grad_(True)
         base.config.use_cache = False
+        self.hidden_size = int(getattr(base.config, "hidden_size", 0) or 0)
         if self.cfg.learner.gradient_checkpointing:
             # Non-reentrant: works with frozen inputs (LoRA) and with FSDP2's hooks.
             base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -720,8 +722,13 @@ class Learner:
         count of any rank: every rank must run the same number of forwards and backwards."""
         from grpo.batch import split_by_tokens, split_shared
 
-        split = split_shared if self._shared else split_by_tokens
-        groups = split(batch, self.cfg.learner.micro_batch_tokens) if batch else []
+        budget = self.cfg.learner.micro_batch_tokens
+        if not batch:
+            groups = []
+        elif self._shared:
+            groups = split_shared(batch, budget, self._pair_cost)
+        else:
+            groups = split_by_tokens(batch, budget)
         count = int(self._all_reduce_max(len(groups)))
         for k in range(count):
             group = groups[k] if k < len(groups) else []
@@ -733,17 +740,28 @@ class Learner:
         the positions a row does not have."""
         return self.cfg.learner.shared_prompt and self.cfg.learner.selective_logits
 
+    @property
+    def _pair_cost(self) -> float:
+        """grpo.batch.share_pays' constant: 0 (always share) with `learner.shared_prompt_when: always`."""
+        from grpo.batch import pair_cost
+
+        when = self.cfg.learner.shared_prompt_when
+        return pair_cost(self.hidden_size) if when == "cheaper" and self.hidden_size > 0 else 0.0
+
     def _pack(self, samples: list[Sample]) -> dict[str, torch.Tensor]:
         """grpo.batch.pack (pack_shared with `learner.shared_prompt`), or for an empty micro-batch a
         two-pad-token row with nothing to learn."""
         import torch
 
-        from grpo.batch import pack, pack_shared, prompt_groups
+        from grpo.batch import pack, pack_shared, shares
 
         if samples:
-            # rows with an attention mask of their own only where a prompt is shared (not for SFT demonstrations)
-            shared = self._shared and len(prompt_groups(samples)) < len(samples)
-            return pack_shared(samples, self.pad_id) if shared else pack(samples, self.pad_id)
+            # rows with an attention mask of their own only where a prompt is shared (not for SFT demonstrations,
+            # nor for groups whose long responses make a row cost more than its episodes whole)
+            cost = self._pair_cost
+            if self._shared and shares(samples, cost):
+                return pack_shared(samples, self.pad_id, cost)
+            return pack(samples, self.pad_id)
         return {
             "input_ids": torch.full((1, 2), self.pad_id, dtype=torch.long),
             "attention_mask": torch.ones((1, 2), dtype=torch.long),

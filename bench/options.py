@@ -43,6 +43,10 @@ class TrainOptions(Section):
     prompt_tokens: int = Field(900, ge=1, description="mean prompt length of the synthetic batch")
     gen_tokens: int = Field(100, ge=1, description="mean generated length of the synthetic batch")
     group_size: int = Field(4, ge=1, description="samples sharing a prompt (a GRPO group)")
+    long_prompt_tokens: int = Field(400, ge=1, description="the long-response batch's mean prompt length")
+    long_gen_tokens: int = Field(
+        700, ge=1, description="the long-response batch's mean response length (a big tool result in each episode)"
+    )
     train_warmup: int = Field(2, ge=0, description="train steps left out of the timing")
     train_steps: int = Field(3, ge=1, description="train steps measured")
     pushes: int = Field(5, ge=1, description="LoRA pushes measured per path")

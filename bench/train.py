@@ -16,6 +16,10 @@ Measured side by side in one run, on an embedded Ray (or the Ray already running
    `learner_shared_speedup` = its median step time / ours; and the same with `learner.pad_mask` true
    (the padding mask passed to attention, which keeps SDPA off its causal kernel):
    `learner_causal_speedup` = its median step time / the unshared one's.
+   Then a long-response batch (the same count, ~`train.long_prompt_tokens` + ~`train.long_gen_tokens`, as
+   when each episode holds a big tool result), ours against `learner.shared_prompt_when: always` (each
+   group in one row, the old path), their steps interleaved: `learner_long_speedup` = its median / ours.
+   Ours runs those groups as whole episodes (grpo.batch.share_pays).
 2. LoRA push to every engine of a RolloutGroup (2 HF engines; then 1 vLLM engine if it fits the time
    budget), the same engines and the same learner, the two paths alternating (order flipped each round):
    (a) object store:  export_adapter_ref() (learner → one object)  →  push_adapter(v, ref) (each engine
@@ -55,7 +59,8 @@ from configs.schema import Config
 
 # --quick: tiny-random, tiny batch, 2 HF engines, no vLLM (the tests' smoke run)
 QUICK = {
-    "model": "tiny-random", "samples": 4, "prompt_tokens": 24, "gen_tokens": 8, "train_warmup": 1,
+    "model": "tiny-random", "samples": 4, "prompt_tokens": 24, "gen_tokens": 8, "long_prompt_tokens": 8,
+    "long_gen_tokens": 60, "train_warmup": 1,
     "train_steps": 1, "pushes": 2, "weight_pushes": 1, "engines": 2, "vllm": "off",
 }  # fmt: skip
 
@@ -456,6 +461,7 @@ def run_train_suite(opts: TrainOptions, console: Any) -> dict[str, Any]:
     all_logits_learner = variant("all-logits", selective_logits=False)
     unshared_learner = variant("unshared", shared_prompt=False)
     pad_mask_learner = variant("pad-mask", shared_prompt=False, pad_mask=True)
+    always_learner = variant("always-shared", shared_prompt_when="always")
 
     async def parts() -> None:
         try:
@@ -466,12 +472,13 @@ def run_train_suite(opts: TrainOptions, console: Any) -> dict[str, Any]:
                 console,
                 lora_learner,
                 full_learner,
-                (all_logits_learner, unshared_learner, pad_mask_learner),
+                (all_logits_learner, unshared_learner, pad_mask_learner, always_learner),
                 root,
                 t_start,
             )
         finally:
-            for group in (lora_learner, full_learner, all_logits_learner, unshared_learner, pad_mask_learner):
+            olds = (all_logits_learner, unshared_learner, pad_mask_learner, always_learner)
+            for group in (lora_learner, full_learner, *olds):
                 await group.shutdown()
 
     try:
@@ -486,7 +493,7 @@ def run_train_suite(opts: TrainOptions, console: Any) -> dict[str, Any]:
 
 async def _run_parts(
     report: dict[str, Any], opts: TrainOptions, batch: list[dict[str, Any]], console: Any,
-    lora_learner: Any, full_learner: Any, old_learners: tuple[Any, Any, Any], root: Path, t_start: float,
+    lora_learner: Any, full_learner: Any, old_learners: tuple[Any, ...], root: Path, t_start: float,
 ) -> None:  # fmt: skip
     from actors.engines import vllm_available
 
@@ -495,8 +502,8 @@ async def _run_parts(
         await full_learner.start()
     steps = opts.train_warmup + opts.train_steps
     with console.status(f"train: {steps} train_step(s) of {opts.samples} samples, today's path and the old ones"):
-        all_logits, unshared, pad_mask = old_learners
-        await asyncio.gather(*(group.start() for group in old_learners))
+        all_logits, unshared, pad_mask, always = old_learners
+        await asyncio.gather(all_logits.start(), unshared.start(), pad_mask.start())
         learners = {
             "learner": lora_learner,
             "learner_all_logits": all_logits,
@@ -504,13 +511,23 @@ async def _run_parts(
             "learner_pad_mask": pad_mask,
         }
         report.update(await bench_learners(learners, batch, opts.train_warmup, opts.train_steps))
-        await asyncio.gather(*(group.shutdown() for group in old_learners))
+        await asyncio.gather(all_logits.shutdown(), unshared.shutdown(), pad_mask.shutdown())
         step = report["learner"]["step_s_median"]
         report["learner_selective_speedup"] = report["learner_all_logits"]["step_s_median"] / step
         report["learner_shared_speedup"] = report["learner_unshared"]["step_s_median"] / step
         report["learner_causal_speedup"] = (
             report["learner_pad_mask"]["step_s_median"] / report["learner_unshared"]["step_s_median"]
         )
+    with console.status(f"train: {steps} train_step(s) of {opts.samples} long-response samples, shared or not"):
+        await always.start()
+        long = make_batch(
+            len(batch), opts.long_prompt_tokens, opts.long_gen_tokens, _vocab_size(lora_learner.cfg), opts.seed,
+            opts.group_size,
+        )  # fmt: skip
+        runs = await bench_learners({"ours": lora_learner, "always": always}, long, opts.train_warmup, opts.train_steps)
+        await always.shutdown()
+        report["learner_long"], report["learner_long_always"] = runs["ours"], runs["always"]
+        report["learner_long_speedup"] = runs["always"]["step_s_median"] / runs["ours"]["step_s_median"]
     with console.status(f"train: {opts.engines} HF engine(s): LoRA pushes a/b, weight syncs"):
         report["hf"] = await bench_engines(lora_learner.cfg, lora_learner, full_learner, opts, root)
     elapsed = time.perf_counter() - t_start
@@ -560,6 +577,12 @@ def print_train(report: dict[str, Any], console: Any) -> None:
         f"LM head only at trained positions and a group's prompt once: {report['learner_selective_speedup']:.2f}x "
         f"the LM head everywhere; the prompt once alone: {report['learner_shared_speedup']:.2f}x; episodes whole "
         f"without the padding mask: {report['learner_causal_speedup']:.2f}x with it"
+    )
+    long, always = report["learner_long"], report["learner_long_always"]
+    console.print(
+        f"long-response batch ({long['tokens_per_step']} tokens, {long['generated_tokens_per_step']} in responses): "
+        f"{long['step_s_median']:.1f} s a step, each group shared only where it pays; "
+        f"{always['step_s_median']:.1f} s with every group in one row: {report['learner_long_speedup']:.2f}x"
     )
 
     groups = [(name, report[name]) for name in ("hf", "vllm") if "lora" in report.get(name, {})]
@@ -629,7 +652,7 @@ def run(opts: BenchOptions, console: Any) -> SuiteResult:
     sizes = opts.train.model_copy(update=QUICK) if opts.quick else opts.train
     report = run_train_suite(sizes, console)
     ln, old, whole = report["learner"], report["learner_all_logits"], report["learner_unshared"]
-    masked = report["learner_pad_mask"]
+    masked, long, always = report["learner_pad_mask"], report["learner_long"], report["learner_long_always"]
     size = f"{report['model']}, {ln['samples']} samples in groups of {sizes.group_size}, LoRA"
     rows = [
         Row(f"learner tokens/s ({size})", "tokens/s",
@@ -644,6 +667,10 @@ def run(opts: BenchOptions, console: Any) -> SuiteResult:
             spread([whole["tokens_per_step"] / s for s in whole["step_s"]]),
             spread([masked["tokens_per_step"] / s for s in masked["step_s"]]),
             "the padding mask passed to attention (both: each episode whole)"),
+        Row(f"learner tokens/s, long responses ({size})", "tokens/s",
+            spread([long["tokens_per_step"] / s for s in long["step_s"]]),
+            spread([always["tokens_per_step"] / s for s in always["step_s"]]),
+            "every group's prompt shared (ours: shared only where it pays)"),
     ]  # fmt: skip
     for name in ("hf", "vllm"):
         g = report.get(name, {})

@@ -667,6 +667,12 @@ class LearnerConfig(Strict):
         "episodes' responses attending to it (grpo.batch.pack_shared): the same logprobs on fewer tokens; "
         "false: each episode whole (the old path, kept for comparison).",
     )
+    shared_prompt_when: Literal["cheaper", "always"] = Field(
+        "cheaper",
+        description="cheaper: a group's prompt is shared only where its row costs less than the episodes whole "
+        "(grpo.batch.share_pays: long responses, such as big tool results, make the row's dense attention cost "
+        "more than the prompt's repeats); always: every group (the old path, kept for comparison).",
+    )
     pad_mask: bool = Field(
         False,
         description="Pass the padding mask to attention where episodes are each whole (SFT demonstrations, "

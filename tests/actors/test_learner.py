@@ -519,6 +519,50 @@ def test_shared_prompt_rows_give_the_same_steps_on_fewer_tokens(micro_batch_toke
     assert read_a < read_b
 
 
+def test_groups_of_long_responses_run_whole_with_the_same_steps() -> None:
+    """learner.shared_prompt_when cheaper: a group whose responses are long against its prompt runs as whole
+    episodes, without a mask (grpo.batch.share_pays), and gives the always-shared path's metrics and
+    parameters; a group of short responses is still shared."""
+    rng = torch.Generator().manual_seed(1)
+
+    def group(prompt_len: int, response_len: int) -> list[dict]:
+        prompt = torch.randint(100, 40_000, (prompt_len,), generator=rng).tolist()
+        return [
+            {
+                "prompt_ids": prompt,
+                "response_ids": torch.randint(100, 40_000, (response_len + k,), generator=rng).tolist(),
+                "loss_mask": [1] * (response_len + k),
+                "rollout_logprobs": [-10.8] * (response_len + k),
+                "advantage": float(k) - 1.5,
+            }
+            for k in range(4)
+        ]
+
+    long_group, short_group = group(8, 120), group(120, 4)
+
+    def run(when: str) -> tuple[dict[str, float], dict[str, torch.Tensor], list[str]]:
+        cfg = make_cfg("lora", shared_prompt_when=when, dtype="float32")
+        cfg.model.dtype = "float32"
+        learner = Learner(cfg)
+        learner.setup()
+        masks: list[str] = []
+        hook = learner.model.register_forward_pre_hook(
+            lambda _m, _args, kw: masks.append("none" if kw.get("attention_mask") is None else "rows"),
+            with_kwargs=True,
+        )
+        metrics = learner.train_step(long_group + short_group)
+        hook.remove()
+        return metrics, trained(learner), masks
+
+    cheaper, params_a, masks_a = run("cheaper")
+    always, params_b, masks_b = run("always")
+    assert sorted(masks_a) == ["none", "rows"] and masks_b == ["rows"]
+    for k in ("policy_loss", "ratio_mean", "logprob_gap", "grad_norm", "tokens"):
+        assert cheaper[k] == pytest.approx(always[k], rel=1e-4, abs=1e-6), k
+    for name, value in params_b.items():
+        assert torch.allclose(params_a[name], value, rtol=1e-3, atol=1e-4), name
+
+
 def test_no_padding_mask_gives_the_same_steps() -> None:
     """learner.pad_mask false: right-padded episodes go to attention without a mask (the causal one hides
     the padding), and an SFT step then a GRPO step on episodes of different lengths (each whole) give the

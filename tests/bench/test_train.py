@@ -88,6 +88,9 @@ def test_train_suite_reports_every_figure(ray_cluster) -> None:
     masked = report["learner_pad_mask"]  # each episode whole, the padding mask passed to attention
     assert masked["tokens_per_step"] == ln["tokens_per_step"] and len(masked["step_s"]) == 1
     assert report["learner_causal_speedup"] == pytest.approx(masked["step_s_median"] / whole["step_s_median"])
+    long, always = report["learner_long"], report["learner_long_always"]  # ~8 + ~60 tokens: not shared
+    assert long["tokens_per_step"] == always["tokens_per_step"] > ln["tokens_per_step"]
+    assert report["learner_long_speedup"] == pytest.approx(always["step_s_median"] / long["step_s_median"])
 
     model = load_causal_lm(ModelConfig(name="tiny-random"))
     hf = report["hf"]
@@ -135,6 +138,7 @@ def test_train_suite_reports_every_figure(ray_cluster) -> None:
         "learner tokens/s",
         "learner tokens/s, a group's prompt once",
         "learner tokens/s, episodes whole without the padding mask",
+        "learner tokens/s, long responses",
         "LoRA push",
         "full-weight sync",
     }
@@ -145,6 +149,9 @@ def test_train_suite_reports_every_figure(ray_cluster) -> None:
     causal = figures["learner tokens/s, episodes whole without the padding mask"]
     assert causal.ours.values == once.baseline.values
     assert causal.baseline.values == [masked["tokens_per_step"] / s for s in masked["step_s"]]
+    assert figures["learner tokens/s, long responses"].baseline.values == [
+        always["tokens_per_step"] / s for s in always["step_s"]
+    ]
     push = figures["LoRA push"]
     assert push.ours.values == a["total_all_ms"] and push.baseline.values == b["total_all_ms"]
     assert push.better == "lower" and push.ratio == pytest.approx(lora["ratio"])

@@ -7,7 +7,18 @@ import random
 import pytest
 import torch
 
-from grpo.batch import Sample, as_sample, pack, pack_shared, shard, split_by_tokens, split_shared
+from grpo.batch import (
+    Sample,
+    as_sample,
+    pack,
+    pack_shared,
+    pair_cost,
+    shard,
+    share_pays,
+    shares,
+    split_by_tokens,
+    split_shared,
+)
 
 
 def sample(n_prompt: int, n_response: int, advantage: float = 0.0) -> Sample:
@@ -141,6 +152,30 @@ def test_split_shared_keeps_groups_together_within_the_budget() -> None:
     assert split_shared(big, 20) == [[0], [1]]
     with pytest.raises(ValueError, match="token_budget"):
         split_shared(big, 0)
+
+
+def test_share_pays_only_while_the_prompt_outweighs_the_row_attention() -> None:
+    """grpo.batch.share_pays: the measured shapes (SmolLM2-135M's constant) decide as measured; pair cost 0
+    always shares; one episode is never worth a row of its own with a dense mask."""
+    cost = pair_cost(576)
+    assert share_pays(900, [100] * 4, cost)  # one row 5.4 s, whole 11.6 s
+    assert not share_pays(400, [760, 700, 820, 780], cost)  # one row 25.1 s, whole 14.7 s
+    assert share_pays(400, [760, 700, 820, 780], 0.0)
+    assert not share_pays(400, [300], cost)
+
+
+def test_groups_not_worth_sharing_run_whole_in_micro_batches_of_their_own() -> None:
+    """With a pair cost, a group of long responses is a row per episode, and those rows fill micro-batches
+    apart from the shared ones (which `pack` then runs without a mask); pack_shared gives each its own row."""
+    cheap = grouped([1] * 40, [2] * 4, [3] * 4)  # short responses after a long prompt: one row
+    dear = grouped([5] * 4, [6] * 60, [7] * 50)  # long responses after a short prompt: whole episodes
+    batch = [*cheap, *dear]
+    cost = 1 / 64
+    assert split_shared(batch, 4096, cost) == [[0, 1], [2, 3]]
+    assert split_shared(batch, 4096) == [[2, 3, 0, 1]]  # without a pair cost every group shares, widest first
+    assert shares(cheap, cost) and not shares(dear, cost) and shares(dear)
+    rows = pack_shared(dear, pad_id=0, pair_cost=cost)["rows"]
+    assert rows.tolist() == pack(dear, pad_id=0)["input_ids"].tolist()
 
 
 # --------------------------------------------------------------------------- split_by_tokens
