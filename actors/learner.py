@@ -112,7 +112,7 @@ class Learner:
         self._sft_optimizer: Any = None
         self.device: torch.device | None = None
         self.pad_id = 0
-        self.hidden_size = 0  # the model's, for the shared-prompt cost rule (grpo.batch.pair_cost)
+        self.hidden_size = 0  # the model's, for the shared-prompt cost rule (grpo.batch.attention_pair_cost)
         self.step = 0  # optimizer steps of RL training
         self.iteration = 0  # train_step calls
         self._trainable: list[torch.Tensor] = []
@@ -743,10 +743,10 @@ class Learner:
     @property
     def _pair_cost(self) -> float:
         """grpo.batch.share_pays' constant: 0 (always share) with `learner.shared_prompt_when: always`."""
-        from grpo.batch import pair_cost
+        from grpo.batch import attention_pair_cost
 
         when = self.cfg.learner.shared_prompt_when
-        return pair_cost(self.hidden_size) if when == "cheaper" and self.hidden_size > 0 else 0.0
+        return attention_pair_cost(self.hidden_size) if when == "cheaper" and self.hidden_size > 0 else 0.0
 
     def _pack(self, samples: list[Sample]) -> dict[str, torch.Tensor]:
         """grpo.batch.pack (pack_shared with `learner.shared_prompt`), or for an empty micro-batch a

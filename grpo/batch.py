@@ -154,7 +154,7 @@ def share_pays(prompt: int, responses: Sequence[int], pair_cost: float) -> bool:
     than the episodes whole (each under the causal kernel, which skips the masked half).
 
     Cost ≈ tokens + pair_cost × query-key pairs, `pair_cost` being a pair's cost in tokens (see
-    `pair_cost`). The row saves the prompt's repeats but attends over its whole width: with long responses
+    `attention_pair_cost`). The row saves the prompt's repeats but attends over its whole width: with long responses
     (a big tool result) whole episodes win. Measured, SmolLM2-135M on the 2-core CPU, a 400-token prompt
     with 4 responses of 700-820 tokens: one row 25.1 s forward+backward, whole episodes 14.7 s; 4
     responses of 100 tokens after a 900-token prompt: one row 5.4 s, whole 11.6 s."""
@@ -166,7 +166,7 @@ def share_pays(prompt: int, responses: Sequence[int], pair_cost: float) -> bool:
     return row < whole
 
 
-def pair_cost(hidden_size: int) -> float:
+def attention_pair_cost(hidden_size: int) -> float:
     """A query-key pair's cost in tokens: ~4·hidden FLOPs of attention against ~24·hidden² in a layer's
     linear maps, the attention kernel running at about half their FLOP rate: 1 / (3·hidden). Fit on
     SmolLM2-135M (hidden 576) on the CPU: 1/1620, against 1/1728 from this."""

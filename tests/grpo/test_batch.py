@@ -10,9 +10,9 @@ import torch
 from grpo.batch import (
     Sample,
     as_sample,
+    attention_pair_cost,
     pack,
     pack_shared,
-    pair_cost,
     shard,
     share_pays,
     shares,
@@ -157,7 +157,7 @@ def test_split_shared_keeps_groups_together_within_the_budget() -> None:
 def test_share_pays_only_while_the_prompt_outweighs_the_row_attention() -> None:
     """grpo.batch.share_pays: the measured shapes (SmolLM2-135M's constant) decide as measured; pair cost 0
     always shares; one episode is never worth a row of its own with a dense mask."""
-    cost = pair_cost(576)
+    cost = attention_pair_cost(576)
     assert share_pays(900, [100] * 4, cost)  # one row 5.4 s, whole 11.6 s
     assert not share_pays(400, [760, 700, 820, 780], cost)  # one row 25.1 s, whole 14.7 s
     assert share_pays(400, [760, 700, 820, 780], 0.0)
