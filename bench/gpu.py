@@ -34,7 +34,7 @@ from typing import Any
 
 from bench.options import BenchOptions, GpuOptions, TrainOptions
 from bench.results import Row, SuiteResult, machine, spread
-from bench.train import LENGTH_SPREAD, bench_config, bench_learners, make_batch
+from bench.train import LENGTH_SPREAD, bench_config, bench_learners, make_batch, tokens_per_s
 from configs.schema import SamplingConfig
 
 # Llama-shaped sizes of SmolLM2's family (their configs); `tiny` is tiny-random's, for --quick.
@@ -245,16 +245,12 @@ def run(opts: BenchOptions, console: Any) -> SuiteResult:
     for s in shapes:
         name, lr = s["shape"], s["learner"]
         sel = lr["ours"]
-
-        def per_s(r: dict[str, Any]) -> Any:
-            return spread([r["tokens_per_step"] / x for x in r["step_s"]])
-
-        rows.append(Row(f"{name}: learner tokens/s, LoRA", "tokens/s", per_s(sel), per_s(lr["full_logits"]),
-                        "LM head at every position, each episode whole"))  # fmt: skip
-        rows.append(Row(f"{name}: learner tokens/s, a group's prompt once", "tokens/s", per_s(sel),
-                        per_s(lr["unshared"]), "each episode whole"))  # fmt: skip
+        rows.append(Row(f"{name}: learner tokens/s, LoRA", "tokens/s", tokens_per_s(sel),
+                        tokens_per_s(lr["full_logits"]), "LM head at every position, each episode whole"))  # fmt: skip
+        rows.append(Row(f"{name}: learner tokens/s, a group's prompt once", "tokens/s", tokens_per_s(sel),
+                        tokens_per_s(lr["unshared"]), "each episode whole"))  # fmt: skip
         rows.append(Row(f"{name}: learner tokens/s, episodes whole without the padding mask", "tokens/s",
-                        per_s(lr["unshared"]), per_s(lr["pad_mask"]),
+                        tokens_per_s(lr["unshared"]), tokens_per_s(lr["pad_mask"]),
                         "the padding mask passed to attention"))  # fmt: skip
         rows.append(
             Row(

@@ -648,6 +648,11 @@ def print_train(report: dict[str, Any], console: Any) -> None:
     console.print(f"suite wall time: {report['wall_s']:.0f} s")
 
 
+def tokens_per_s(learner: dict[str, Any]) -> Any:
+    """A `bench_learner` result's tokens/s over its timed steps, as the results table takes it."""
+    return spread([learner["tokens_per_step"] / s for s in learner["step_s"]])
+
+
 def run(opts: BenchOptions, console: Any) -> SuiteResult:
     sizes = opts.train.model_copy(update=QUICK) if opts.quick else opts.train
     report = run_train_suite(sizes, console)
@@ -656,20 +661,16 @@ def run(opts: BenchOptions, console: Any) -> SuiteResult:
     size = f"{report['model']}, {ln['samples']} samples in groups of {sizes.group_size}, LoRA"
     rows = [
         Row(f"learner tokens/s ({size})", "tokens/s",
-            spread([ln["tokens_per_step"] / s for s in ln["step_s"]]),
-            spread([old["tokens_per_step"] / s for s in old["step_s"]]),
+            tokens_per_s(ln), tokens_per_s(old),
             "LM head at every position, each episode whole (ours: trained positions, prompt once per group)"),
         Row(f"learner tokens/s, a group's prompt once ({size})", "tokens/s",
-            spread([ln["tokens_per_step"] / s for s in ln["step_s"]]),
-            spread([whole["tokens_per_step"] / s for s in whole["step_s"]]),
+            tokens_per_s(ln), tokens_per_s(whole),
             "each episode whole (both: LM head at trained positions)"),
         Row(f"learner tokens/s, episodes whole without the padding mask ({size})", "tokens/s",
-            spread([whole["tokens_per_step"] / s for s in whole["step_s"]]),
-            spread([masked["tokens_per_step"] / s for s in masked["step_s"]]),
+            tokens_per_s(whole), tokens_per_s(masked),
             "the padding mask passed to attention (both: each episode whole)"),
         Row(f"learner tokens/s, long responses ({size})", "tokens/s",
-            spread([long["tokens_per_step"] / s for s in long["step_s"]]),
-            spread([always["tokens_per_step"] / s for s in always["step_s"]]),
+            tokens_per_s(long), tokens_per_s(always),
             "every group's prompt shared (ours: shared only where it pays)"),
     ]  # fmt: skip
     for name in ("hf", "vllm"):
