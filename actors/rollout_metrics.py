@@ -16,7 +16,8 @@ With S the scored trajectories, |S| = n, r_i their rewards, m_i their env metric
     episode_reward_std  = sqrt((1/n) Σ (r_i - mean)²)          (population std of the batch)
     episode_len         = (1/n) Σ turns_i
     episode_tokens      = (1/n) Σ (|prompt_ids_i| + |response_ids_i|)
-    success_rate        = (1/n) Σ task_complete_i
+    success_rate        = (1/n) Σ task_complete_i               (the final answer is right)
+    calls_right_rate    = (1/n) Σ calls_right_i                 (every expected call ran; not the success)
     tool_success_rate   = Σ tool_ok_i / Σ tool_calls_i          (pooled over all calls; 0 with no call)
     tool_timeout_rate   = Σ timeouts_i / Σ tool_calls_i         (pooled; 0 with no call)
     parse_failure_rate  = Σ parse_failures_i / Σ turns_i        (per turn; 0 with no turn)
@@ -75,6 +76,7 @@ def rollout_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
         "episode_len": agg["turns"],
         "episode_tokens": sum(len(t.prompt_ids) + len(t.response_ids) for t in scored) / n,
         "success_rate": agg["task_complete"],
+        "calls_right_rate": agg["calls_right"],
         "tool_success_rate": agg["tool_success_rate"],
         "tool_timeout_rate": agg["timeout_rate"],
         # agg holds means over the same n episodes, so their ratio is the pooled ratio of sums.

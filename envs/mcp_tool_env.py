@@ -193,6 +193,7 @@ class MCPToolEnv(BaseTextEnv):
         self._components = zero_components()
         self._reward_total = 0.0
         self._complete = False
+        self._calls_right = False  # every expected call ran (reported beside success, never as it)
 
     # ------------------------------------------------------------------ init
 
@@ -297,7 +298,10 @@ class MCPToolEnv(BaseTextEnv):
 
         heuristic = clip_step(math.fsum(components.values()))
         seq_done = self.state.sequence_done(self.ground_truth)
-        self._complete = self._complete or seq_done or components["outcome"] > 0
+        # Success is a right answer; a task without final_answer is done when its calls are.
+        no_answer_needed = self.ground_truth.final_answer is None
+        self._complete = self._complete or components["outcome"] > 0 or (no_answer_needed and seq_done)
+        self._calls_right = self._calls_right or seq_done
         done_reason = None
         if parsed.answer is not None:
             done_reason = "answer"
@@ -417,6 +421,7 @@ class MCPToolEnv(BaseTextEnv):
             "tool_success_rate": m["tool_ok"] / calls if calls else 0.0,
             "timeout_rate": m["timeouts"] / calls if calls else 0.0,
             "task_complete": float(self._complete),
+            "calls_right": float(self._calls_right),
             "reward_total": self._reward_total,
             **{f"reward/{k}": v for k, v in self._components.items()},
         }
@@ -427,6 +432,7 @@ class MCPToolEnv(BaseTextEnv):
         if not metrics:
             return {}
         keys = ["turns", "tool_calls", "tool_ok", "timeouts", "parse_failures", "infra_faults", "task_complete"]
+        keys += ["calls_right"]
         keys += ["reward_total", *(f"reward/{k}" for k in COMPONENTS)]
         n = len(metrics)
         out: dict[str, Any] = {"episodes": n}

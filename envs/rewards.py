@@ -10,11 +10,13 @@ Components (default weights in brackets):
   of the task's `tool_sequence` (not every tool on its servers: calling a tool the task never needs
   earns nothing). Not paid again for an exact repeat (same tool, same arguments) of an earlier call.
 - must_call_first [+0.4]: the first call of the episode that ran is `success.must_call_tool`: that
-  tool (`server.tool`), or any tool of that server (`server`).
+  tool (`server.tool`), or any tool of that server (`server`) that the task's `tool_sequence` holds.
 - expected_next [+0.2]: the call is the next expected step of `tool_sequence` and returned ok; the
   expected step then advances. params_match [+0.1] more when every expected param is given with an
   equal value (strings compared case-insensitively, numbers by value; extra arguments allowed).
-- tool_ok [+0.1]: the call returned ok (not for an exact repeat).
+- tool_ok [+0.1]: the call returned ok and its tool is allowed (not for an exact repeat). A call that runs
+  but does not serve the task earns nothing: paying "any call that runs" taught GRPO on the demo to make
+  the training set's most frequent call on every task.
 - malformed [−0.2]: unreadable call, no action, empty or oversized turn, call refused past
   max_calls_per_turn, or arguments the tool rejected (invalid_arguments): such a call did not run,
   so it earns nothing else and does not count as the first call.
@@ -32,6 +34,10 @@ Components (default weights in brackets):
   `final_answer` pays the outcome when the answer comes after the whole tool_sequence was done.
 - An infrastructure fault (`result.infra_fault`: upstream, unavailable) scores 0 in every
   component and sets `infra_fault` in the returned dict; it never counts against the policy.
+
+`task_complete` (the episode's success) means the final answer is right: the outcome was paid. A task
+without `final_answer` is complete once its whole tool_sequence ran. `RewardState.sequence_done` (the
+expected calls all ran, "calls right") is reported beside it, never as the success.
 
 Ranges with the default weights. One call: −0.2 ≤ r ≤ 1.0 (0.2+0.4+0.2+0.1+0.1). One answer: 0 or 1
 (−0.5 or 0.5 when it is a guess: nothing tried before it). A turn (several calls, errors and maybe
@@ -130,7 +136,7 @@ def reward_heuristic(
         if answer_matches(action, gt, state):
             comp["outcome"] = w.outcome
     total = math.fsum(comp.values())
-    complete = state.sequence_done(gt) or comp["outcome"] > 0
+    complete = comp["outcome"] > 0 or (gt.final_answer is None and state.sequence_done(gt))
     return {"total_reward": total, "components": comp, "task_complete": complete, "infra_fault": infra}
 
 
@@ -158,13 +164,14 @@ def _score_call(
     repeat = key in state.seen_calls
     state.seen_calls.add(key)
     allowed = {f"{s.server}.{s.tool}" for s in gt.tool_sequence}
+    needed = name in allowed  # no component pays a tool the task does not need
     if name in allowed and not repeat:
         comp["allowed_tool"] = w.allowed_tool
     server, _, tool = name.partition(".")  # server names hold no dots; tool names may
-    if state.calls_run == 0 and gt.must_call_matches(server, tool):
+    if state.calls_run == 0 and needed and gt.must_call_matches(server, tool):
         comp["must_call_first"] = w.must_call_first
     state.calls_run += 1
-    if ok and not repeat:
+    if ok and not repeat and needed:
         comp["tool_ok"] = w.tool_ok
     if ok and not state.sequence_done(gt):
         step = gt.tool_sequence[state.next_step]

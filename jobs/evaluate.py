@@ -54,7 +54,8 @@ async def evaluate_rows(
             "complexity": _complexity(row),
             "reward": t.reward,
             "turns": t.turns,
-            "success": bool(t.tool_stats.get("task_complete")),
+            "success": bool(t.tool_stats.get("task_complete")),  # the final answer is right
+            "calls_right": bool(t.tool_stats.get("calls_right")),  # every expected call ran
             "infra_fault": bool(t.infra_fault),
             **(_detail(t, row) if detail else {}),
         }
@@ -63,6 +64,7 @@ async def evaluate_rows(
     return {
         "tasks": len(rows),
         "success_rate": float(m.get("success_rate", 0.0)),
+        "calls_right_rate": float(m.get("calls_right_rate", 0.0)),
         "mean_reward": float(m.get("episode_reward", 0.0)),
         "turns": float(m.get("episode_len", 0.0)),
         "tool_success_rate": float(m.get("tool_success_rate", 0.0)),
@@ -150,7 +152,8 @@ def main(argv: list[str] | None = None) -> None:
     with ray_session(cfg.cluster):
         result = asyncio.run(run(cfg, rows, args.adapter))
     print(f"{len(rows)} tasks, {'adapter ' + args.adapter if args.adapter else 'base model ' + cfg.model.name}")
-    print(f"  success rate  {result['success_rate']:.1%}")
+    print(f"  success rate  {result['success_rate']:.1%}  (final answer right)")
+    print(f"  calls right   {result['calls_right_rate']:.1%}  (every expected call ran)")
     print(f"  mean reward   {result['mean_reward']:.3f}")
     print(f"  mean turns    {result['turns']:.2f}")
     print(f"  parse failures per turn {result['parse_failure_rate']:.2f}; infra faults {result['infra_faults']}")

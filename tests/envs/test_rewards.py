@@ -93,13 +93,24 @@ def test_sequence_advances_and_completes():
     score(call(ticker="NVDA"), Result(), state)
     r, _ = score(call("python.run_python", code="print(1)"), Result(), state)
     assert nonzero(r) == {"allowed_tool": 0.2, "expected_next": 0.2, "params_match": 0.1, "tool_ok": 0.1}
-    assert r["task_complete"] and state.sequence_done(GT)
+    # The calls are right, the task is not done: success is a right final answer.
+    assert not r["task_complete"] and state.sequence_done(GT)
+    assert not score("It is 3.", state=state)[0]["task_complete"]
+    assert score("It is 186.52.", state=state)[0]["task_complete"]
+
+
+def test_without_final_answer_the_calls_complete_the_task():
+    gt = GT.model_copy(update={"final_answer": None})
+    state = RewardState()
+    score(call(ticker="NVDA"), Result(), state, gt=gt)
+    r, _ = score(call("python.run_python", code="print(1)"), Result(), state, gt=gt)
+    assert r["task_complete"]
 
 
 def test_first_call_wrong_then_must_call_first_is_gone():
     state = RewardState()
     r, _ = score(call("fmp.company_profile", symbol="X"), Result(), state)
-    assert nonzero(r) == {"tool_ok": 0.1}  # not allowed, not expected
+    assert nonzero(r) == {}  # a tool the task does not need earns nothing, though it ran
     r, _ = score(call(ticker="NVDA"), Result(), state)
     assert "must_call_first" not in nonzero(r) and r["components"]["expected_next"] == 0.2
 
@@ -247,12 +258,25 @@ def test_deterministic():
 
 
 SERVER_GT = GT.model_copy(update={"success": GT.success.model_copy(update={"must_call_tool": "polygon"})})
+# A server-only must_call pays a first call to any tool of that server that the task needs.
+OPEN_SERVER_GT = GroundTruth.model_validate(
+    {
+        **SERVER_GT.model_dump(),
+        "limits": {"max_servers": 1, "max_tools": 3},
+        "tool_sequence": [
+            {"step": i + 1, "server": "polygon", "tool": tool, "params": {"ticker": "NVDA"}}
+            for i, tool in enumerate(("previous_close", "ticker_details", "daily_aggregates"))
+        ],
+    }
+)
 
 
 @pytest.mark.parametrize("tool", ["previous_close", "ticker_details", "daily_aggregates"])
 def test_server_only_must_call_pays_for_any_tool_of_that_server(tool):
-    r, _ = score(call(f"polygon.{tool}", ticker="NVDA"), Result(), gt=SERVER_GT)
+    r, _ = score(call(f"polygon.{tool}", ticker="NVDA"), Result(), gt=OPEN_SERVER_GT)
     assert r["components"]["must_call_first"] == 0.4
+    r, _ = score(call(f"polygon.{tool}", ticker="NVDA"), Result(), gt=SERVER_GT)  # only the tools the task needs
+    assert r["components"]["must_call_first"] == (0.4 if tool == "previous_close" else 0)
     r, _ = score(call(f"polygon.{tool}", ticker="NVDA"), Result(), gt=GT)  # the tool form: only that tool
     assert r["components"]["must_call_first"] == (0.4 if tool == "previous_close" else 0)
 
@@ -278,7 +302,7 @@ def test_server_only_must_call_in_mcp_tool_env():
     row = {
         "data_source": "mcprl/test",
         "prompt": [{"role": "user", "content": "What was NVDA's last close?"}],
-        "reward_spec": {"ground_truth": SERVER_GT.model_dump()},
+        "reward_spec": {"ground_truth": OPEN_SERVER_GT.model_dump()},
     }
     pool = run_sync(LocalToolPool.create(tools))
     set_tool_client(pool)
@@ -295,3 +319,17 @@ def test_server_only_must_call_in_mcp_tool_env():
         set_tool_client(None)
         run_sync(pool.close())
     assert rewards == {"polygon.ticker_details": 0.4, "fmp.company_profile": 0.0}
+
+
+@pytest.mark.parametrize("must_call", ["polygon.previous_close", "polygon"])
+def test_no_component_pays_a_tool_the_task_does_not_need(must_call):
+    """The demo's GRPO learned to make its most frequent call (daily_aggregates) on every task: it ran, and
+    tool_ok paid for it. Neither a first call on the must-call server nor a clean run pays an unneeded tool."""
+    gt = GT.model_copy(update={"success": GT.success.model_copy(update={"must_call_tool": must_call})})
+    state = RewardState()
+    r, _ = score(
+        call("polygon.daily_aggregates", ticker="NVDA", start="2026-01-01", end="2026-01-02"), Result(), state, gt
+    )
+    assert r["total_reward"] == 0 and nonzero(r) == {}
+    r, _ = score(call(ticker="NVDA"), Result(), state, gt)  # the needed call still earns what it earns
+    assert r["components"]["tool_ok"] == 0.1 and r["components"]["expected_next"] == 0.2
