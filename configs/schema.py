@@ -300,6 +300,11 @@ class GenerationConfig(Strict):
         default_factory=dict,
         description="e.g. {train: 0.8, validation: 0.1, test: 0.1}; no template shared across splits.",
     )
+    instance_splits: list[str] = Field(
+        default_factory=list,
+        description="Splits made of held-out instances (tickers, phrasings) of the train split's templates, e.g. "
+        "[validation]; the other splits are by whole template (rule generator only).",
+    )
     near_duplicate_threshold: float = Field(
         0.9, gt=0, le=1, description="Prompt similarity at which a task is a near-duplicate."
     )

@@ -2,7 +2,8 @@
 
 python -m jobs.generate_tasks --method rule|llm|dependent|mcp [--n N] [--seed S] [--out data/train.jsonl]
     [--in FILE] [--servers a,b] [--domains a,b] [--complexities simple,medium,hard] [--max-tools N]
-    [--max-turns N] [--split train=0.8,validation=0.1,test=0.1] [--config FILE] [--set KEY=VALUE ...]
+    [--max-turns N] [--split train=0.8,validation=0.1,test=0.1] [--instance-splits validation]
+    [--config FILE] [--set KEY=VALUE ...]
 
 Each knob is taken from, first to last: the command-line option; a `--set generation.KEY=...`; the
 environment variable (N_SAMPLES, DOMAINS, COMPLEXITIES, MAX_TOOLS, MAX_TURNS, and OPENAI_MODEL,
@@ -14,7 +15,8 @@ offline backend (and a fresh in-memory Slack workspace, and the python tool's ti
 so answers come from the deterministic simulation; external servers are used as configured.
 The output format follows the suffix of --out (.jsonl, .json or .parquet). With a split, each split
 goes to `<out stem>.<split><suffix>`, e.g. data/train.validation.jsonl; no template is shared across
-splits (see tasks/generators/splits.py).
+splits, except that an instance split (--instance-splits, rule only) holds held-out tickers and
+phrasings of the train split's templates (see tasks/generators/splits.py).
 
 Exit status: 0 rows written; 1 nothing was admitted; 2 bad input (options, config, input file).
 """
@@ -39,7 +41,7 @@ from configs.schema import Config, LiveService, SlackConfig, ToolsConfig
 from jobs.cli import base_parser, setup, usage_error
 from tasks.generators import METHODS, GeneratorUnavailable, get_generator
 from tasks.generators.options import GenerateOptions, GenerationError
-from tasks.generators.splits import assign_rows, check_splits, parse_splits
+from tasks.generators.splits import assign_rows, check_instance_splits, check_splits, parse_splits
 from tasks.io import FORMATS, TaskFileError, write_rows
 
 log = logging.getLogger("generate_tasks")
@@ -83,6 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tools", type=_positive_int, help="most distinct tools in one task (env MAX_TOOLS)")
     p.add_argument("--max-turns", type=_positive_int, help="turn budget of each task (env MAX_TURNS)")
     p.add_argument("--split", help="e.g. train=0.8,validation=0.1,test=0.1 (no template shared across splits)")
+    p.add_argument(
+        "--instance-splits",
+        type=_csv,
+        help="rule: splits of held-out tickers and phrasings of train's templates, e.g. validation",
+    )
     return p
 
 
@@ -110,6 +117,11 @@ def resolve(args: argparse.Namespace, cfg: Config, env: dict[str, str] | os._Env
         gen.splits = parse_splits(args.split)
     elif gen.splits:
         check_splits(gen.splits)
+    if args.instance_splits is not None:
+        gen.instance_splits = args.instance_splits
+    check_instance_splits(gen.splits, gen.instance_splits)
+    if gen.instance_splits and args.method != "rule":
+        raise GenerationError(f"generation.instance_splits: only the rule method makes them, not {args.method}")
 
 
 def _show(value: Any) -> str:

@@ -34,6 +34,9 @@ class GenerateOptions:
     input_path: Path | None = None  # `dependent`: the conversations file (JSON or JSONL)
     servers: tuple[str, ...] = ()  # `mcp`: the servers to explore; () = all in the pool
     splits: dict[str, float] = field(default_factory=dict)  # e.g. {train: 0.8, test: 0.2}; {} = no split
+    # Splits of held-out instances (tickers, phrasings) of the train split's templates, e.g. ("validation",);
+    # the other splits are by whole template (see splits.py). Only the rule generator makes them.
+    instance_splits: tuple[str, ...] = ()
     extra: dict[str, object] = field(default_factory=dict)  # method-specific extras, free-form
     # Called as progress(done, total) while generating; the job draws its progress bar from it.
     progress: Callable[[int, int], None] | None = field(default=None, compare=False, repr=False)
@@ -55,6 +58,7 @@ class GenerateOptions:
             "max_tools": g.max_tools,
             "max_turns": g.max_turns,
             "splits": dict(g.splits),
+            "instance_splits": tuple(g.instance_splits),
         }
         base.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**base)  # type: ignore[arg-type]

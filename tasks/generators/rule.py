@@ -6,9 +6,16 @@ call's arguments are built from earlier results (a ratio read from fmp goes into
 that computes a P/E; that P/E goes into the Slack message), and the task's true answer is computed
 from what the calls returned. The user prompt is written last, from one of several phrasings.
 
+Two kinds of split (splits.py). A split by template holds whole templates no other split has
+(transfer to a new tool pattern). A split by instance (`instance_splits`, e.g. validation) redraws
+the train split's templates from choices training never shows: the tickers of `HELD_OUT_TICKERS`
+and the last phrasing of each `say` list (`Ctx.held_out`); training, and the by-template splits
+beside it, draw from the other 14 tickers and the other phrasings. Leads, closers and date formats
+are shared. Without an instance split every draw has every choice (the rows are as before).
+
 How rows are made: `n` is shared evenly by the complexities asked for (and, with a split, first by
-the splits: see splits.py), and each (split, complexity) bucket goes round-robin over its templates
-in a seeded order. A draw that repeats an earlier task, or whose prompt the gate would call a
+the splits), and each (split, complexity) bucket goes round-robin over its templates in a seeded
+order. A draw that repeats an earlier task, or whose prompt the gate would call a
 near-duplicate (tasks/similarity.py, same threshold), is replaced by the next draw; so is one whose
 data does not fit (a search that misses the page), and one with a tool result the env would cut
 (longer than `env.max_observation_chars`): its expert would work from values the model is never shown.
@@ -24,7 +31,8 @@ workspace's posts change no answer (reads only ever look at #research, which no 
 Each row: the system prompt below, the user prompt, `limits.max_servers` = the servers the calls
 use, `limits.max_tools` = `opts.max_tools`, `max_turns` = `opts.max_turns` (templates that need more
 calls or distinct tools than those allow are left out), `final_answer` with a tolerance, and
-`extra_info` {method: rule, template, seed, split?, and what the draw chose (ticker, year, ...)}.
+`extra_info` {method: rule, template, seed, split?, held_out? (true in an instance split), and what the
+draw chose (ticker, year, ...)}.
 
 The templates (id: complexity, calls):
     close_simple      simple  polygon.previous_close
@@ -69,7 +77,13 @@ from typing import Any
 from cluster.retry import RetryPolicy, retry_async
 from configs.schema import Complexity, Config
 from tasks.generators.options import GenerateOptions, GenerationError
-from tasks.generators.splits import assign_templates, check_splits, row_quotas
+from tasks.generators.splits import (
+    assign_templates,
+    check_instance_splits,
+    check_splits,
+    row_quotas,
+    template_splits,
+)
 from tasks.observation import result_text
 from tasks.schema import TaskRow
 from tasks.similarity import jaccard, shingles
@@ -88,6 +102,12 @@ TICKERS = (
     "AAPL", "MSFT", "NVDA", "GOOGL", "AMZN", "META", "TSLA", "AVGO", "AMD", "NFLX",
     "JPM", "BAC", "V", "UNH", "JNJ", "PFE", "XOM", "WMT", "KO", "DIS",
 )  # fmt: skip
+# Held out from training when a split is by instance: no training task names them, so the instance splits
+# ask about companies the model never saw. One or two per sector, in proportion (half the universe is tech);
+# KO is also the one #research note ticker held out (AAPL and NVDA stay for training). AAPL, the one
+# `World` looks at, stays in training.
+HELD_OUT_TICKERS = ("GOOGL", "AMD", "NFLX", "BAC", "PFE", "KO")
+TRAIN_TICKERS = tuple(t for t in TICKERS if t not in HELD_OUT_TICKERS)
 POST_CHANNELS = ("markets", "general")  # templates post here and never read these
 READ_CHANNEL = "research"  # templates read here and never post here
 CONCURRENCY = 8  # rows built at once (the python sandbox serializes its own calls)
@@ -159,11 +179,22 @@ def short_name(name: str) -> str:
 class Ctx:
     """One draw: its random generator, and the calls it runs (recorded as the task's tool sequence)."""
 
-    def __init__(self, rng: random.Random, pool: Any, world: World, max_observation_chars: int = 0) -> None:
+    def __init__(
+        self,
+        rng: random.Random,
+        pool: Any,
+        world: World,
+        max_observation_chars: int = 0,
+        held_out: bool | None = None,
+    ) -> None:
         self.rng = rng
         self.pool = pool
         self.world = world
         self.max_observation_chars = max_observation_chars  # the env's cut (env.max_observation_chars); 0: none
+        # Which part of the choices (tickers, phrasings) this draw takes: True the held-out part (an instance
+        # split), False the training part (the train split, and the by-template splits beside an instance
+        # split), None all of them (no instance split asked for: the rows are as before there were any).
+        self.held_out = held_out
         self.steps: list[dict[str, Any]] = []
 
     async def call(self, server: str, tool: str, **params: Any) -> Any:
@@ -201,9 +232,26 @@ class Ctx:
     def pick(self, options: Sequence[Any]) -> Any:
         return self.rng.choice(list(options))
 
+    def tickers(self) -> tuple[str, ...]:
+        """The tickers this draw may name (its part of `TICKERS`)."""
+        return TICKERS if self.held_out is None else HELD_OUT_TICKERS if self.held_out else TRAIN_TICKERS
+
+    def ticker(self) -> str:
+        return self.pick(self.tickers())
+
+    def ticker_pair(self) -> list[str]:
+        """Two distinct tickers, both from this draw's part."""
+        return self.rng.sample(self.tickers(), 2)
+
+    def phrasings(self, phrasings: Sequence[str]) -> Sequence[str]:
+        """This draw's part of a list of phrasings: the last one is held out (a list of one is shared)."""
+        if self.held_out is None or len(phrasings) < 2:
+            return phrasings
+        return phrasings[-1:] if self.held_out else phrasings[:-1]
+
     def say(self, phrasings: Sequence[str], **fields: Any) -> str:
-        """One phrasing, filled in, sometimes with a lead-in and a closing remark."""
-        text = self.pick(phrasings).format(**fields)
+        """One phrasing of this draw's part, filled in, sometimes with a lead-in and a closing remark (shared)."""
+        text = self.pick(self.phrasings(phrasings)).format(**fields)
         lead = self.pick(LEADS)
         first = text.split(" ", 1)[0]
         if lead.endswith((": ", ", ")) and not (
@@ -273,7 +321,7 @@ def template(tid: str, complexity: Complexity, *calls: str) -> Callable[[Callabl
 
 @template("close_simple", "simple", "polygon.previous_close")
 async def close_simple(c: Ctx) -> Draft:
-    t = c.pick(TICKERS)
+    t = c.ticker()
     bar = (await c.call("polygon", "previous_close", ticker=t))["results"][0]
     q = c.say(
         (
@@ -291,7 +339,7 @@ async def close_simple(c: Ctx) -> Draft:
 
 @template("bar_field", "simple", "polygon.previous_close")
 async def bar_field(c: Ctx) -> Draft:
-    t = c.pick(TICKERS)
+    t = c.ticker()
     key, label = c.pick((("o", "opening price"), ("h", "intraday high"), ("l", "intraday low"), ("v", "volume")))
     bar = (await c.call("polygon", "previous_close", ticker=t))["results"][0]
     q = c.say(
@@ -310,7 +358,7 @@ async def bar_field(c: Ctx) -> Draft:
 
 @template("company_facts", "simple", "polygon.ticker_details")
 async def company_facts(c: Ctx) -> Draft:
-    t = c.pick(TICKERS)
+    t = c.ticker()
     info = (await c.call("polygon", "ticker_details", ticker=t))["results"]
     key, label = c.pick(
         (("total_employees", "number of employees"), ("list_date", "listing date"), ("homepage_url", "website"))
@@ -330,7 +378,7 @@ async def company_facts(c: Ctx) -> Draft:
 
 @template("profile_field", "simple", "fmp.company_profile")
 async def profile_field(c: Ctx) -> Draft:
-    t = c.pick(TICKERS)
+    t = c.ticker()
     prof = await c.call("fmp", "company_profile", symbol=t)
     key, label, tol = c.pick((("sector", "sector", 0.0), ("industry", "industry", 0.0), ("beta", "beta", 0.01)))
     q = c.say(
@@ -376,7 +424,7 @@ async def annual_rows(c: Ctx, tool: str, t: str, years: int) -> list[dict[str, A
 
 @template("fiscal_metric", "simple", "fmp.income_statement")
 async def fiscal_metric(c: Ctx) -> Draft:
-    t = c.pick(TICKERS)
+    t = c.ticker()
     key, label, is_money = c.pick(STATEMENT_METRICS)
     row = (await annual_rows(c, "income_statement", t, c.rng.randrange(FISCAL_YEARS) + 1))[-1]
     year = row["fiscalYear"]
@@ -411,7 +459,7 @@ RATIO_METRICS = (
 
 @template("fiscal_ratio", "simple", "fmp.key_ratios")
 async def fiscal_ratio(c: Ctx) -> Draft:
-    t = c.pick(TICKERS)
+    t = c.ticker()
     key, label, pct = c.pick(RATIO_METRICS)
     row = (await annual_rows(c, "key_ratios", t, c.rng.randrange(FISCAL_YEARS) + 1))[-1]
     year = row["fiscalYear"]
@@ -437,7 +485,7 @@ REVENUE_IN_TEXT = re.compile(r"revenue of \$([\d,]+\.\d+) billion for (Q\d \d{4}
 
 @template("news_revenue", "simple", "tavily.search")
 async def news_revenue(c: Ctx) -> Draft:
-    t = c.pick(TICKERS)
+    t = c.ticker()
     name = await c.world.name(t)
     found = await c.call("tavily", "search", query=f"{name} quarterly earnings results", topic="news", max_results=5)
     for r in found["results"]:
@@ -491,9 +539,9 @@ NOTE = re.compile(
 async def research_notes(c: Ctx) -> list[re.Match[str]]:
     """The research notes in #research (a recorded call): ticker, quarter, revenue, net income, EPS."""
     history = await c.call("slack", "read_history", channel=READ_CHANNEL, limit=20)
-    notes = [m for m in (NOTE.match(msg["text"]) for msg in history["messages"]) if m]
+    notes = [m for m in (NOTE.match(msg["text"]) for msg in history["messages"]) if m and m["t"] in c.tickers()]
     if not notes:
-        raise Skip("no research notes in #research")
+        raise Skip("no research notes in #research on this draw's tickers")
     return notes
 
 
@@ -577,7 +625,7 @@ async def closes(c: Ctx, t: str, start: date, end: date) -> list[dict[str, Any]]
 
 @template("range_return", "medium", "polygon.daily_aggregates", "python.run_python")
 async def range_return(c: Ctx) -> Draft:
-    t = c.pick(TICKERS)
+    t = c.ticker()
     start, end = await date_range(c, 5, 14)  # one to two weeks of bars: ~1,400 characters at most
     bars = await closes(c, t, start, end)
     first, last = bars[0]["c"], bars[-1]["c"]
@@ -600,7 +648,7 @@ async def range_return(c: Ctx) -> Draft:
 
 @template("pe_now", "medium", "polygon.previous_close", "fmp.key_ratios")
 async def pe_now(c: Ctx) -> Draft:
-    t = c.pick(TICKERS)
+    t = c.ticker()
     bar = (await c.call("polygon", "previous_close", ticker=t))["results"][0]
     ratio = (await c.call("fmp", "key_ratios", symbol=t, period="annual", limit=1))["ratios"][0]
     eps = ratio["netIncomePerShare"]
@@ -623,7 +671,7 @@ async def pe_now(c: Ctx) -> Draft:
 
 @template("cap_compare", "medium", "fmp.company_profile", "fmp.company_profile")
 async def cap_compare(c: Ctx) -> Draft:
-    a, b = c.rng.sample(TICKERS, 2)
+    a, b = c.ticker_pair()
     ca = (await c.call("fmp", "company_profile", symbol=a))["marketCap"]
     cb = (await c.call("fmp", "company_profile", symbol=b))["marketCap"]
     big, small = (a, b) if ca >= cb else (b, a)
@@ -659,7 +707,7 @@ async def quote_page(c: Ctx, t: str) -> str:
 
 @template("quote_page", "medium", "tavily.search", "tavily.extract")
 async def quote_page_facts(c: Ctx) -> Draft:
-    t = c.pick(TICKERS)
+    t = c.ticker()
     name = await c.world.name(t)
     text = await quote_page(c, t)
     if c.rng.random() < 0.5:
@@ -690,7 +738,7 @@ async def quote_page_facts(c: Ctx) -> Draft:
 
 @template("post_close", "medium", "polygon.previous_close", "slack.post_message")
 async def post_close(c: Ctx) -> Draft:
-    t = c.pick(TICKERS)
+    t = c.ticker()
     ch = c.pick(POST_CHANNELS)
     bar = (await c.call("polygon", "previous_close", ticker=t))["results"][0]
     await c.call("slack", "post_message", channel=ch, text=f"{t} closed at ${bar['c']:.2f} on {bar['date']}.")
@@ -710,7 +758,7 @@ async def post_close(c: Ctx) -> Draft:
 
 @template("yoy_growth", "medium", "fmp.income_statement", "python.run_python")
 async def yoy_growth(c: Ctx) -> Draft:
-    t = c.pick(TICKERS)
+    t = c.ticker()
     key, label, _ = c.pick(STATEMENT_METRICS[:4])
     cur, prev = (await annual_rows(c, "income_statement", t, c.rng.randrange(FISCAL_YEARS - 1) + 2))[-2:]
     if prev[key] <= 0:
@@ -736,7 +784,7 @@ async def yoy_growth(c: Ctx) -> Draft:
 
 @template("pe_report", "hard", "polygon.previous_close", "fmp.key_ratios", "python.run_python", "slack.post_message")
 async def pe_report(c: Ctx) -> Draft:
-    t = c.pick(TICKERS)
+    t = c.ticker()
     ch = c.pick(POST_CHANNELS)
     years = c.pick((1, 1, 2, 3))  # P/E on the last year's earnings, or on their average over 2-3 years
     bar = (await c.call("polygon", "previous_close", ticker=t))["results"][0]
@@ -778,7 +826,7 @@ async def pe_report(c: Ctx) -> Draft:
     "slack.post_message",
 )
 async def momentum_duel(c: Ctx) -> Draft:
-    a, b = c.rng.sample(TICKERS, 2)
+    a, b = c.ticker_pair()
     ch = c.pick(POST_CHANNELS)
     start, end = await date_range(c, 10, 90)
     ba, bb = await closes(c, a, start, end), await closes(c, b, start, end)
@@ -844,7 +892,7 @@ TTM_MULTIPLES = (("revenue", "price-to-sales", "sales"), ("netIncome", "price-to
 
 @template("ttm_sales", "hard", "fmp.company_profile", "fmp.income_statement", "python.run_python", "slack.post_message")
 async def ttm_sales(c: Ctx) -> Draft:
-    t = c.pick(TICKERS)
+    t = c.ticker()
     ch = c.pick(POST_CHANNELS)
     key, multiple, what = c.pick(TTM_MULTIPLES)
     cap = (await c.call("fmp", "company_profile", symbol=t))["marketCap"]
@@ -881,7 +929,7 @@ CLOSE_STATS = (
 
 @template("web_average", "hard", "tavily.search", "tavily.extract", "python.run_python", "slack.post_message")
 async def web_average(c: Ctx) -> Draft:
-    t = c.pick(TICKERS)
+    t = c.ticker()
     ch = c.pick(POST_CHANNELS)
     stat, expr = c.pick(CLOSE_STATS)
     name = await c.world.name(t)
@@ -935,14 +983,23 @@ def eligible_templates(opts: GenerateOptions, available: set[str] | None = None)
     return out
 
 
-def to_row(tpl: Template, draft: Draft, steps: list[dict[str, Any]], opts: GenerateOptions, split: str | None) -> dict:
-    """The TaskRow (validated) for a built draft."""
+def to_row(
+    tpl: Template,
+    draft: Draft,
+    steps: list[dict[str, Any]],
+    opts: GenerateOptions,
+    split: str | None,
+    held_out: bool = False,
+) -> dict:
+    """The TaskRow (validated) for a built draft; `held_out`: drawn from the held-out instances."""
     content = json.dumps([tpl.id, steps, draft.answer.description], sort_keys=True, default=str)
     task_id = f"rule-{tpl.id}-{hashlib.sha256(content.encode()).hexdigest()[:12]}"
     first = steps[0]
     extra: dict[str, Any] = {"method": "rule", "template": tpl.id, "seed": opts.seed, **draft.facts}
     if split:
         extra["split"] = split
+    if held_out:
+        extra["held_out"] = True
     row = TaskRow.model_validate(
         {
             "data_source": DATA_SOURCE,
@@ -984,10 +1041,10 @@ class _Builder:
         self.reasons: dict[str, str] = {}  # the first such reason of each template
         self.done = 0
 
-    async def one(self, key: str, index: int, tpl: Template) -> tuple[str, dict] | None:
+    async def one(self, key: str, index: int, tpl: Template, held_out: bool | None) -> tuple[str, dict] | None:
         """Draw number `index` of a bucket: its own random generator, its calls, its row (None when skipped)."""
         rng = random.Random(f"{self.opts.seed}|{key}|{index}")
-        ctx = Ctx(rng, self.pool, self.world, self.max_observation_chars)
+        ctx = Ctx(rng, self.pool, self.world, self.max_observation_chars, held_out)
         async with self.slots:
             try:
                 draft = await tpl.build(ctx)
@@ -996,19 +1053,22 @@ class _Builder:
                 self.reasons.setdefault(tpl.id, str(e))
                 log.debug("skip %s #%d: %s", tpl.id, index, e)
                 return None
-        row = to_row(tpl, draft, ctx.steps, self.opts, key.split("/")[0] or None)
+        row = to_row(tpl, draft, ctx.steps, self.opts, key.split("/")[0] or None, bool(held_out))
         return row["reward_spec"]["ground_truth"]["task_id"], row
 
-    async def fill(self, split: str | None, templates: list[Template], quota: int) -> list[dict]:
-        """`quota` distinct rows from `templates`, shared evenly by their complexities (fewer if a space runs out)."""
+    async def fill(
+        self, split: str | None, templates: list[Template], quota: int, held_out: bool | None = None
+    ) -> list[dict]:
+        """`quota` distinct rows from `templates`, shared evenly by their complexities (fewer if a space runs out);
+        `held_out` picks the part of the choices they draw from (see `Ctx`)."""
         kinds = [k for k in self.opts.complexities if any(t.complexity == k for t in templates)]
         rows: list[dict] = []
         for kind, want in row_quotas(quota, {k: 1 / len(kinds) for k in kinds}).items():
             mine = [t for t in templates if t.complexity == kind]
-            rows += await self._bucket(f"{split or ''}/{kind}", mine, want)
+            rows += await self._bucket(f"{split or ''}/{kind}", mine, want, held_out)
         return rows
 
-    async def _bucket(self, key: str, templates: list[Template], want: int) -> list[dict]:
+    async def _bucket(self, key: str, templates: list[Template], want: int, held_out: bool | None) -> list[dict]:
         rows: dict[str, dict] = {}
         order = sorted(templates, key=lambda t: t.id)
         random.Random(f"{self.opts.seed}|{key}|order").shuffle(order)  # round-robin: templates share evenly
@@ -1016,7 +1076,7 @@ class _Builder:
         while len(rows) < want and index < budget:
             batch = range(index, index + min(want - len(rows), budget - index))
             index += len(batch)
-            for got in await asyncio.gather(*(self.one(key, i, order[i % len(order)]) for i in batch)):
+            for got in await asyncio.gather(*(self.one(key, i, order[i % len(order)], held_out) for i in batch)):
                 # The same task drawn twice counts once; a prompt the gate would call a near-duplicate is
                 # redrawn here, so admission keeps what we make.
                 if got and got[0] not in rows and len(rows) < want and self._novel(got[1]):
@@ -1044,20 +1104,30 @@ async def available_tools(pool: Any) -> set[str]:
 
 
 async def generate(cfg: Config, opts: GenerateOptions, pool: Any) -> list[dict[str, Any]]:
-    """`opts.n` candidate rows from the templates that fit `opts` (split by template when `opts.splits`)."""
+    """`opts.n` candidate rows from the templates that fit `opts` (split by template when `opts.splits`, and by
+    instance for `opts.instance_splits`: see splits.py)."""
     templates = eligible_templates(opts, await available_tools(pool))
+    instance = check_instance_splits(opts.splits, opts.instance_splits)
+    splits = check_splits(opts.splits) if opts.splits else {}
     builder = _Builder(pool, opts, cfg.generation.near_duplicate_threshold, cfg.env.max_observation_chars)
     opts.report(0, opts.n)
-    if not opts.splits:
+    if not splits:
         rows = await builder.fill(None, templates, opts.n)
     else:
-        splits = check_splits(opts.splits)
         by_id = {t.id: t for t in templates}
-        where = assign_templates(list(by_id), splits, opts.seed, {t.id: t.complexity for t in templates})
+        by_template = template_splits(splits, instance)
+        if len(by_template) > 1:
+            where = assign_templates(list(by_id), by_template, opts.seed, {t.id: t.complexity for t in templates})
+        else:  # train alone: it has every template, the instance splits redraw them all
+            where = dict.fromkeys(by_id, "train")
+        # With an instance split the choices are partitioned; the by-template splits (train and e.g. transfer)
+        # all take the training part, so a transfer task differs from training by its template alone.
+        part = False if instance else None
         rows = []
         for split, quota in row_quotas(opts.n, splits).items():
-            mine = [by_id[tid] for tid, s in sorted(where.items()) if s == split]
-            rows += await builder.fill(split, mine, quota)
+            home, held_out = ("train", True) if split in instance else (split, part)
+            mine = [by_id[tid] for tid, s in sorted(where.items()) if s == home]
+            rows += await builder.fill(split, mine, quota, held_out)
     for tid, count in sorted(builder.skipped.items()):
         log.info("rule: redrew %s ×%d (first: %s)", tid, count, builder.reasons[tid])
     return rows

@@ -1,7 +1,14 @@
-"""Train/validation/test splits by template: no template's tasks appear in two splits.
+"""Train/validation/test splits, of two kinds: by template and by instance.
 
-Tasks made from one template share their wording and their tool pattern, so a split that shared
-templates would test memory of the template, not skill. So whole templates go to splits:
+A split by template (the default) holds whole templates that no other split has: it measures
+transfer to a tool pattern and wording never trained on. A split by instance (`instance_splits`,
+e.g. [validation]; only the rule generator makes them) holds new draws of the *training* split's
+templates from choices training never shows: held-out tickers (hence companies) and a held-out
+phrasing of each prompt (rule.py's `HELD_OUT_TICKERS`, `Ctx.say`). It measures the skill trained on.
+
+Tasks made from one template share their wording and their tool pattern, so a by-template split that
+shared templates would test memory of the template, not skill. So whole templates go to the
+by-template splits (their fractions renormalized to sum to 1 when there are instance splits):
 
 1. Each split's number of templates is its fraction of all templates (largest remainder), at least
    one each; the largest split takes what is left.
@@ -11,7 +18,7 @@ templates would test memory of the template, not skill. So whole templates go to
    (simple, medium, hard, simple, ...), so the evaluation splits see different complexities even
    when they hold only a few templates; the largest split (train) gets every template left.
 
-Rows are then allotted to each split by its fraction of all rows (`row_quotas`).
+Rows are then allotted to each split, of either kind, by its fraction of all rows (`row_quotas`).
 """
 
 from __future__ import annotations
@@ -55,6 +62,35 @@ def check_splits(splits: Mapping[str, float]) -> dict[str, float]:
     if abs(total - 1) > 1e-6:
         raise GenerationError(f"split fractions must sum to 1; {dict(splits)} sums to {total:g}")
     return dict(splits)
+
+
+def check_instance_splits(splits: Mapping[str, float], instance_splits: Sequence[str]) -> list[str]:
+    """The instance splits, validated against `splits` (already checked): each is a split, `train` is one
+    of the splits and not an instance split (its templates are what the instance splits redraw)."""
+    names = list(dict.fromkeys(instance_splits))
+    if not names:
+        return []
+    key = "generation.instance_splits"
+    unknown = [n for n in names if n not in splits]
+    if unknown:
+        raise GenerationError(
+            f"{key}: {', '.join(unknown)} not among the splits ({', '.join(splits) or 'none'}); "
+            "an instance split must also be in generation.splits"
+        )
+    if "train" not in splits:
+        raise GenerationError(
+            f"{key}: needs a split named train (its templates are redrawn), splits: {', '.join(splits)}"
+        )
+    if "train" in names:
+        raise GenerationError(f"{key}: train cannot be an instance split: the instance splits hold out from it")
+    return names
+
+
+def template_splits(splits: Mapping[str, float], instance_splits: Sequence[str]) -> dict[str, float]:
+    """The by-template splits, their fractions renormalized to sum to 1 (template assignment shares them)."""
+    kept = {n: f for n, f in splits.items() if n not in instance_splits}
+    total = sum(kept.values())
+    return {n: f / total for n, f in kept.items()}
 
 
 def _largest_remainder(total: int, splits: Mapping[str, float]) -> dict[str, int]:

@@ -25,6 +25,9 @@ SPLIT = "train=0.8,validation=0.1,test=0.1"
 CUT = 1200  # characters: under the longest fiscal results, so the generator has draws to redo
 CUT_ARGS = ["--domains", "polygon,fmp,python", "--complexities", "simple,medium"]
 CUT_ARGS += ["--set", f"env.max_observation_chars={CUT}"]
+# validation by instance (held-out tickers and phrasings of train's templates), transfer by template
+INSTANCE_ARGS = ["--method", "rule", "--n", "20", "--seed", "1", "--domains", "polygon,fmp", "--complexities", "simple"]
+INSTANCE_ARGS += ["--split", "train=0.5,validation=0.3,transfer=0.2", "--instance-splits", "validation"]
 KNOB_VARS = ("N_SAMPLES", "DOMAINS", "COMPLEXITIES", "MAX_TOOLS", "MAX_TURNS", "OPENAI_MODEL", "OPENAI_BACKEND")
 
 
@@ -67,6 +70,8 @@ def runs(tmp: Path) -> dict[str, Run]:
             ["--method", "rule", "--n", "30", "--seed", "1", "--out", str(tmp / "s.parquet"), "--split", SPLIT],
             {},
         ),
+        "instance": ([*INSTANCE_ARGS, "--out", str(tmp / "i.jsonl")], {}),
+        "instance_bad": (["--method", "rule", "--split", SPLIT, "--instance-splits", "train"], {}),
         "env": (
             ["--method", "rule", "--n", "6", "--out", str(tmp / "e.json")],
             {"N_SAMPLES": "50", "COMPLEXITIES": "simple"},
@@ -106,6 +111,18 @@ def test_rule_writes_admitted_rows_and_prints_the_summary(runs: dict[str, Run], 
     assert len(rows) == 40
     for row in rows:
         TaskRow.model_validate(row)
+
+
+def test_instance_splits_write_held_out_rows_of_the_train_templates(runs: dict[str, Run], tmp: Path) -> None:
+    run = runs["instance"]
+    assert run.rc == 0, run.out
+    groups = {split: read_rows(tmp / f"i.{split}.jsonl") for split in ("train", "validation", "transfer")}
+    assert {split: len(rows) for split, rows in groups.items()} == {"train": 10, "validation": 6, "transfer": 4}
+    templates = {split: {r["extra_info"]["template"] for r in rows} for split, rows in groups.items()}
+    assert templates["validation"] <= templates["train"] and not templates["transfer"] & templates["train"]
+    for split, rows in groups.items():
+        assert {r["extra_info"]["split"] for r in rows} == {split}
+        assert {r["extra_info"].get("held_out", False) for r in rows} == {split == "validation"}
 
 
 async def test_every_expert_result_fits_the_cut_the_config_sets(runs: dict[str, Run], tmp: Path) -> None:
@@ -177,6 +194,7 @@ def test_nothing_admitted_exits_1_without_a_file(runs: dict[str, Run], tmp: Path
         ("complexity", "--complexities=easy: Input should be 'simple', 'medium' or 'hard'"),
         ("env_turns", "environment MAX_TURNS=abc"),
         ("split_sum", "split fractions must sum to 1"),
+        ("instance_bad", "generation.instance_splits: train cannot be an instance split"),
         ("suffix", "unknown file type '.csv'"),
         ("no_in", "--method dependent needs --in FILE"),
         ("missing_in", "no such file"),

@@ -1,9 +1,10 @@
 """The `rule` generator: deterministic, every complexity, admitted by the gate, true answers, dependent
-calls, splits by template."""
+calls, splits by template and by instance."""
 
 from __future__ import annotations
 
 import json
+import random
 import re
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -23,6 +24,7 @@ from tasks.generators.options import GenerateOptions, GenerationError
 from tasks.generators.splits import assign_templates, parse_splits, row_quotas
 from tasks.inventory import inventory_from_listing
 from tasks.schema import COMPLEXITY_CALLS, TaskRow
+from tasks.similarity import near_duplicates
 from tests.tasks.replay import longest_shown
 
 CFG = Config()
@@ -219,3 +221,138 @@ async def test_every_expert_result_fits_the_envs_cut(pool: LocalToolPool) -> Non
     small = await r.generate(cfg, opts, pool)
     assert await longest_shown(pool, small) <= 600
     assert small and Counter(row["extra_info"]["template"] for row in small)["yoy_growth"] < templates["yoy_growth"]
+
+
+# --------------------------------------------------------------------------- splits by instance
+
+INSTANCE_SPLITS = {"train": 0.5, "validation": 0.3, "transfer": 0.2}
+INSTANCE_OPTS = GenerateOptions(
+    n=40,
+    seed=1,
+    domains=("polygon", "fmp"),  # no python: these tests need no sandbox
+    complexities=("simple", "medium"),
+    splits=INSTANCE_SPLITS,
+    instance_splits=("validation",),
+)
+
+
+@pytest.fixture(scope="module")
+async def instance_run(pool: LocalToolPool) -> tuple[list[dict[str, Any]], list[tuple[str, ...]]]:
+    """Rows with validation by instance, and every phrasing list the templates offered (to tell which was used)."""
+    offered: list[tuple[str, ...]] = []
+    say = r.Ctx.say
+
+    def recording(self: r.Ctx, phrasings: Any, **fields: Any) -> str:
+        offered.append(tuple(phrasings))
+        return say(self, phrasings, **fields)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(r.Ctx, "say", recording)
+        rows = await r.generate(CFG, INSTANCE_OPTS, pool)
+    return rows, offered
+
+
+def tickers_of(row: dict[str, Any]) -> set[str]:
+    extra = row["extra_info"]
+    return {extra["ticker"]} if "ticker" in extra else set(extra.get("tickers", []))
+
+
+def phrasing_pattern(phrasing: str) -> re.Pattern[str]:
+    """A phrasing with its fields as wildcards; the prompt may add a lead-in (and lowercase the first letter)."""
+    parts = re.split(r"\{[^}]*\}", phrasing)
+    return re.compile(".*?".join(map(re.escape, parts)), re.IGNORECASE)
+
+
+async def test_instance_split_redraws_train_templates_with_held_out_tickers(
+    instance_run: tuple[list[dict[str, Any]], list[tuple[str, ...]]],
+) -> None:
+    rows, _ = instance_run
+    assert Counter(row["extra_info"]["split"] for row in rows) == row_quotas(40, INSTANCE_SPLITS)
+    templates: dict[str, set[str]] = {}
+    for row in rows:
+        split, extra = row["extra_info"]["split"], row["extra_info"]
+        templates.setdefault(split, set()).add(extra["template"])
+        if split == "validation":
+            assert extra["held_out"] is True
+            assert tickers_of(row) <= set(r.HELD_OUT_TICKERS), row["extra_info"]
+        else:
+            assert "held_out" not in extra
+            assert tickers_of(row) <= set(r.TRAIN_TICKERS), row["extra_info"]
+    assert sum(bool(tickers_of(row)) for row in rows if row["extra_info"]["split"] == "validation") >= 8
+    assert len(templates["validation"]) >= 3 and templates["validation"] <= templates["train"]
+    assert not templates["transfer"] & templates["train"]  # transfer stays by whole template
+    # train and transfer share templates as a plain two-way template split (renormalized) would
+    kinds = {t.id: t.complexity for t in r.eligible_templates(INSTANCE_OPTS)}
+    where = assign_templates(list(kinds), {"train": 0.5 / 0.7, "transfer": 0.2 / 0.7}, 1, kinds)
+    assert templates["train"] <= {t for t, s in where.items() if s == "train"}
+    assert templates["transfer"] <= {t for t, s in where.items() if s == "transfer"}
+
+
+async def test_instance_split_uses_only_the_held_out_phrasing(
+    instance_run: tuple[list[dict[str, Any]], list[tuple[str, ...]]],
+) -> None:
+    rows, offered = instance_run
+    last = {p[-1] for p in offered if len(p) > 1}
+    others = {q for p in offered for q in p[:-1]}
+    for row in rows:
+        prompt = row["prompt"][-1]["content"]
+        used_last = {p for p in last if phrasing_pattern(p).search(prompt)}
+        used_other = {p for p in others if phrasing_pattern(p).search(prompt)}
+        if row["extra_info"]["split"] == "validation":
+            assert used_last and not used_other, prompt
+        else:
+            assert used_other and not used_last, prompt
+
+
+async def test_instance_split_shares_no_task_or_near_duplicate_prompt(
+    instance_run: tuple[list[dict[str, Any]], list[tuple[str, ...]]],
+) -> None:
+    rows, _ = instance_run
+    assert len({gt(row)["task_id"] for row in rows}) == len(rows)
+    prompts = [row["prompt"][-1]["content"] for row in rows]
+    assert not near_duplicates(prompts, CFG.generation.near_duplicate_threshold)
+
+
+def test_held_out_part_of_the_choices() -> None:
+    for i in range(20):
+        held = r.Ctx(random.Random(i), None, None, held_out=True)
+        a, b = held.ticker_pair()
+        assert a != b and {a, b} <= set(r.HELD_OUT_TICKERS)
+        assert held.phrasings(("x", "y", "z")) == ("z",)
+        trained = r.Ctx(random.Random(i), None, None, held_out=False)
+        assert set(trained.ticker_pair()) <= set(r.TRAIN_TICKERS)
+        assert trained.phrasings(("x", "y", "z")) == ("x", "y")
+        assert trained.phrasings(("only",)) == held.phrasings(("only",)) == ("only",)  # a lone phrasing is shared
+    assert len(r.HELD_OUT_TICKERS) == 6 and set(r.HELD_OUT_TICKERS) <= set(r.TICKERS)
+    assert r.Ctx(random.Random(0), None, None).tickers() == r.TICKERS  # no instance split: every ticker
+
+
+async def test_train_alone_beside_an_instance_split(pool: LocalToolPool) -> None:
+    opts = GenerateOptions(
+        n=8, seed=2, domains=("polygon",), complexities=("simple",),
+        splits={"train": 0.5, "validation": 0.5}, instance_splits=("validation",),
+    )  # fmt: skip
+    got = await r.generate(CFG, opts, pool)
+    assert Counter(row["extra_info"]["split"] for row in got) == {"train": 4, "validation": 4}
+
+
+@pytest.mark.parametrize(
+    ("splits", "instance", "message"),
+    [
+        ({"train": 0.8, "test": 0.2}, ("validation",), r"instance_splits: validation not among the splits"),
+        ({}, ("validation",), r"instance_splits: validation not among the splits \(none\)"),
+        ({"train": 0.8, "validation": 0.2}, ("train",), "instance_splits: train cannot be an instance split"),
+        ({"fit": 0.8, "validation": 0.2}, ("validation",), "instance_splits: needs a split named train"),
+    ],
+)
+async def test_bad_instance_splits(
+    pool: LocalToolPool, splits: dict[str, float], instance: tuple[str, ...], message: str
+) -> None:
+    with pytest.raises(GenerationError, match=message):
+        await r.generate(CFG, GenerateOptions(n=4, splits=splits, instance_splits=instance), pool)
+
+
+def test_instance_splits_come_from_the_config() -> None:
+    cfg = CFG.model_copy(deep=True)
+    cfg.generation.instance_splits = ["validation"]
+    assert GenerateOptions.from_config(cfg).instance_splits == ("validation",)
