@@ -562,6 +562,20 @@ class AlgorithmConfig(Strict):
         "reinforce_pp: batch mean.",
     )
     std_normalize: bool = Field(True, description="Divide by the group's std (grpo) or the batch's (reinforce_pp).")
+    outcome_first: float | None = Field(
+        0.5,
+        ge=0,
+        lt=1,
+        description="Group advantages rank episodes by outcome first (grpo/groups.py): score = answer right (0/1) + "
+        "this × logistic(shaped total), so no failed episode outranks a succeeded one of its group; the shaped part "
+        "only orders episodes of equal outcome. None = the summed reward as it is. Heuristic rewards only.",
+    )
+    filter_groups: Literal["none", "outcome"] = Field(
+        "none",
+        description="outcome: leave out of the learner's batch every group whose episodes all answered right or all "
+        "wrong (DAPO's dynamic sampling, on the binary outcome, never the shaped total); the share kept is logged as "
+        "rollout/groups_kept. A step with no such group trains nothing. none: every group trains.",
+    )
     dr_grpo_norm_tokens: int | None = Field(
         None,
         ge=1,
