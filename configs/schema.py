@@ -792,8 +792,21 @@ class SftConfig(Strict):
     lr: float = Field(2e-4, gt=0)
 
 
+class CurriculumConfig(Strict):
+    """Draw tasks by their recent pass rate, favouring those neither always solved nor always failed
+    (a GRPO group whose episodes all agree gives no signal). See tasks/curriculum.py."""
+
+    enabled: bool = Field(
+        False, description="Weight tasks by pass rate p as p·(1−p) + min_weight; false = the plain shuffled stream."
+    )
+    window: int = Field(16, ge=1, description="A task's pass rate counts its last `window` episodes.")
+    min_weight: float = Field(
+        0.02, gt=0, description="Floor on every task's draw weight, so tasks near 0 or 1 still come back sometimes."
+    )
+
+
 class TrainConfig(Strict):
-    steps: int = Field(10, ge=1, description="GRPO iterations.")
+    steps: int = Field(10, ge=0, description="GRPO iterations; 0 = the warm start alone (a baseline to compare with).")
     tasks_per_step: int = Field(4, ge=1, description="B: tasks sampled per iteration.")
     group_size: int = Field(
         4, ge=1, description="G: episodes per task (the GRPO group); at least 2, except with algorithm.name ppo."
@@ -801,6 +814,9 @@ class TrainConfig(Strict):
     epochs: int = Field(1, ge=1, description="Passes over each iteration's batch.")
     minibatches: int = Field(1, ge=1, description="Optimizer steps per epoch (the batch is split in this many).")
     seed: int = 0
+    curriculum: CurriculumConfig = Field(
+        default_factory=CurriculumConfig, description="Pass-rate curriculum for drawing each step's tasks."
+    )
     eval_every: int = Field(0, ge=0, description="Evaluate on the validation split every N steps; 0 = start/end only.")
     eval_tasks: int = Field(32, ge=1, description="Validation tasks played (greedy) per evaluation.")
     checkpoint_every: int = Field(0, ge=0, description="Checkpoint every N steps (and at the end); 0 = end only.")

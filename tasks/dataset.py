@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Collection
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -89,3 +89,14 @@ class TaskSampler:
             epoch, index = divmod(position, n)
             out.append(self.rows[self._order(epoch)[index]])
         return out
+
+    # The driver calls these on any sampler; the plain stream depends on (seed, step) alone.
+    def record(self, step: int, outcomes: Mapping[str, Sequence[bool]]) -> None:
+        """No-op: outcomes do not steer the plain stream."""
+
+    def state(self) -> dict[str, Any]:
+        """Nothing to save: the step is the whole data position."""
+        return {}
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        """No-op (see `state`)."""
