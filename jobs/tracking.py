@@ -188,12 +188,13 @@ def _fmt(value: float, pct: bool = False) -> str:
 # (label, key, shown as percent); tokens/s and time are formatted on their own below.
 _SUMMARY = (
     ("reward", "rollout/episode_reward", False),
-    ("success", "rollout/success_rate", True),
+    ("success", "rollout/success_rate", True),  # final answer right
+    ("kept", "rollout/groups_kept", True),  # GRPO groups the outcome filter kept
     ("tool ok", "rollout/tool_success_rate", True),
     ("kl", "train/kl", False),
     ("loss", "train/policy_loss", False),
     ("grad", "train/grad_norm", False),
-    ("eval", "eval/success_rate", True),
+    ("eval", "eval/validation/success_rate", True),  # the headline held-out set, on steps it was evaluated
 )
 
 
@@ -386,8 +387,8 @@ class Tracker:
     def summary_line(step: int, metrics: Mapping[str, Any]) -> str:
         """One line for the console, from a step's merged metrics (full keys); absent figures are left out:
 
-        `step 3 | reward 0.412 ±0.1 | success 25.0% | tool ok 90.0% | kl 0.0012 | loss -0.0123 | grad 0.84 |
-        tok/s 310 train, 240 rollout | 12.3s`
+        `step 3 | reward 0.412 ±0.1 | success 25.0% | kept 75.0% | tool ok 90.0% | kl 0.0012 | loss -0.0123 |
+        grad 0.84 | eval 50.0% | tok/s 310 train, 240 rollout | 12.3s`
         """
         parts = [f"step {step}"]
         for label, key, pct in _SUMMARY:

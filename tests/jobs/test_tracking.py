@@ -106,16 +106,20 @@ def test_summary_line():
             "rollout/episode_reward": 0.4123,
             "rollout/episode_reward_std": 0.1,
             "rollout/success_rate": 0.25,
+            "rollout/groups_kept": 0.75,
             "train/kl": 0.00123,
             "train/policy_loss": -0.0123,
             "train/grad_norm": 0.84,
             "train/tokens_per_s": 310.2,
             "rollout/tokens_per_s": 240.0,
             "timing/step_s": 12.34,
+            "eval/validation/success_rate": 0.5,
+            "eval/transfer/success_rate": 0.125,  # not the headline: left out of the line
         },
     )
-    for piece in ("step 7", "reward 0.4123 ±0.1", "success 25.0%", "kl 0.00123", "loss -0.0123", "grad 0.84"):
+    for piece in ("step 7", "reward 0.4123 ±0.1", "success 25.0% | kept 75.0%", "kl 0.00123", "loss -0.0123"):
         assert piece in line, (piece, line)
+    assert "grad 0.84 | eval 50.0% | tok/s" in line and "12.5%" not in line
     assert "tok/s 310 train, 240 rollout" in line and line.endswith("12.3s")
     assert Tracker.summary_line(1, {"train/kl": 2e-6}) == "step 1 | kl 2.00e-06"
 
