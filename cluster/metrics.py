@@ -75,7 +75,8 @@ STEP_FIGURES = (
     _step("rollout/episodes_per_s", "Episodes finished per second by the runners in the step's rollout."),
     _step("rollout/episode_reward", "Mean reward of the step's scored episodes."),
     _step("rollout/episode_reward_std", "Standard deviation of the step's episode rewards."),
-    _step("rollout/success_rate", "Share of the step's episodes that completed their task."),
+    _step("rollout/success_rate", "Share of the step's episodes whose final answer was right."),
+    _step("rollout/groups_kept", "Share of the step's GRPO groups with both outcomes (algorithm.filter_groups)."),
     _step("rollout/tool_success_rate", "Share of the step's tool calls that succeeded."),
     _step("rollout/dropped_infra", "Episodes of the step dropped for infrastructure faults."),
     _step("train/tokens_per_s", "Learner tokens per second in the step's update."),
@@ -86,7 +87,7 @@ STEP_FIGURES = (
     _step("timing/rollout_s", "Wall time of the step's rollout phase, seconds."),
     _step("timing/train_s", "Wall time of the step's learner update, seconds."),
     _step("sync/latency_s", "Weight sync: seconds until the slowest engine confirmed the new policy."),
-    _step("eval/success_rate", "Success rate of the latest greedy evaluation on held-out tasks."),
+    _step("eval/validation/success_rate", "Share of held-out validation tasks answered right at the last evaluation."),
 )
 ENGINE_POLICY_VERSION = Metric(
     PREFIX + "engine_policy_version", "gauge", "Policy version the engine gives new requests.", ("run", "engine")

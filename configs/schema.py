@@ -777,7 +777,16 @@ class HealthConfig(Strict):
 
 class DataConfig(Strict):
     train: str = Field("data/train.jsonl", description="Task rows for training (.jsonl/.json/.parquet).")
-    validation: str = Field("", description="Held-out task rows for evaluation; empty = none.")
+    validation: str = Field(
+        "",
+        description="Held-out task rows for evaluation, the run's headline figure (ideally held-out instances of the "
+        "training templates: generation.instance_splits); empty = none.",
+    )
+    transfer: str = Field(
+        "",
+        description="A second held-out set, evaluated at the same stages and reported beside the first (e.g. "
+        "templates never trained on); empty = none.",
+    )
     generate: Literal["", "rule"] = Field(
         "", description="rule: when the files are missing, generate them with the `generation` section (+ splits)."
     )

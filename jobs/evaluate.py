@@ -79,7 +79,11 @@ async def evaluate_rows(
 
 def _detail(t: Any, row: dict[str, Any]) -> dict[str, Any]:
     calls = [c for meta in t.env_metadata for c in meta.get("calls", [])]
+    gt = (row.get("reward_spec") or {}).get("ground_truth") or {}
     return {
+        # What the task expects beside what the model did, so a failure is read without the task file.
+        "expected_calls": [f"{s['server']}.{s['tool']}" for s in gt.get("tool_sequence", [])],
+        "expected_answer": (gt.get("final_answer") or {}).get("value"),
         "calls": [{k: c.get(k) for k in ("name", "arguments", "ok", "error_kind")} for c in calls],
         "conversation": t.messages[len(row.get("prompt") or []) :],
     }

@@ -46,6 +46,7 @@ class Preflight:
     listing: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     train_rows: list[dict[str, Any]] = field(default_factory=list)
     validation_rows: list[dict[str, Any]] = field(default_factory=list)
+    transfer_rows: list[dict[str, Any]] = field(default_factory=list)
     tokenizer: Any = None
 
     @property
@@ -165,17 +166,18 @@ def task_files(cfg: Config, write: bool) -> Iterator[tuple[str, dict[str, Path]]
     place when `write`, else (a dry run writes nothing) into a temporary folder that exists only
     while the context is open."""
     wanted = {"data.train": storage.node_path(cfg.data.train, "data.train")}
-    if cfg.data.validation:
-        wanted["data.validation"] = storage.node_path(cfg.data.validation, "data.validation")
+    for key in ("validation", "transfer"):
+        if getattr(cfg.data, key):
+            wanted[f"data.{key}"] = storage.node_path(getattr(cfg.data, key), f"data.{key}")
     if cfg.data.generate != "rule" or all(p.is_file() for p in wanted.values()):
         yield ("task files present" if cfg.data.generate == "rule" else "task files"), wanted
         return
     out, paths = generated_data_paths(cfg)
     written = {str(q) for q in paths.values()}
-    missing = [str(p) for p in wanted.values() if str(p) not in written]
+    missing = [(key, str(p)) for key, p in wanted.items() if str(p) not in written]
     if missing:
         raise ValueError(
-            f"data.validation {missing[0]} is not a split the generator writes; with generation.splits "
+            f"{missing[0][0]} {missing[0][1]} is not a split the generator writes; with generation.splits "
             f"{cfg.generation.splits} it writes {', '.join(map(str, paths.values()))}"
         )
     if write:
@@ -213,6 +215,8 @@ def check_data(cfg: Config, pf: Preflight, write: bool = False) -> None:
             pf.train_rows = load_tasks(files["data.train"], inventory, "data.train", live)
             if "data.validation" in files:
                 pf.validation_rows = load_tasks(files["data.validation"], inventory, "data.validation", live)
+            if "data.transfer" in files:
+                pf.transfer_rows = load_tasks(files["data.transfer"], inventory, "data.transfer", live)
     except DataError as e:
         pf.add("data", False, str(e), "fix or drop the rows named (python -m jobs.validate_tasks --in FILE)")
         return
@@ -231,6 +235,7 @@ def check_data(cfg: Config, pf: Preflight, write: bool = False) -> None:
         )
         return
     val = f", {len(pf.validation_rows)} validation" if cfg.data.validation else ", no validation split"
+    val += f", {len(pf.transfer_rows)} transfer" if cfg.data.transfer else ""
     pf.add("data", True, f"{detail}: {len(pf.train_rows)} training tasks{val}; all pass the gate")
 
 
@@ -425,7 +430,8 @@ def plan_lines(cfg: Config) -> list[str]:
         lines.append(f"warm start: {cfg.sft_warmup.steps} SFT steps × {cfg.sft_warmup.batch_size} expert trajectories")
     stages = "base, after the warm start and at the end" if cfg.sft_warmup.enabled else "at the start and the end"
     evals = f"{stages}, and every {t.eval_every} steps" if t.eval_every else stages
-    lines.append(f"evaluation: {t.eval_tasks} validation tasks, greedy, {evals}" if cfg.data.validation else "")
+    held_out = "validation" + (" and transfer" if cfg.data.transfer else "")
+    lines.append(f"evaluation: up to {t.eval_tasks} {held_out} tasks, greedy, {evals}" if cfg.data.validation else "")
     ck = f"every {t.checkpoint_every} steps and at the end" if t.checkpoint_every else "at the end"
     from cluster import storage
 

@@ -101,9 +101,26 @@ def step_seed(cfg: Config, step: int, salt: int = 0) -> int | None:
     return None if base is None else (base * 1_000_003 + step * 7_919 + salt) % (2**31)
 
 
-def eval_figures(result: dict[str, Any]) -> dict[str, float]:
-    """An evaluation's numbers as `eval/...` metrics (its per-task and per-tool tables stay out of the log)."""
-    return {f"eval/{k}": v for k, v in result.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+# What each held-out set measures (the report and evals.json say it beside the figures).
+EVAL_SETS = {
+    "validation": "held-out instances (tickers, phrasings) of the training templates",
+    "transfer": "templates never trained on",
+}
+
+
+def eval_figures(result: dict[str, Any], name: str) -> dict[str, float]:
+    """An evaluation's numbers as `eval/<set>/...` metrics (its per-task and per-tool tables stay out of the log)."""
+    skip = ("step",)
+    return {
+        f"eval/{name}/{k}": v
+        for k, v in result.items()
+        if isinstance(v, int | float) and not isinstance(v, bool) and k not in skip
+    }
+
+
+def succeeded(traj: Any) -> bool:
+    """The episode's outcome: its final answer is right (the env's task_complete)."""
+    return bool(traj.tool_stats.get("task_complete"))
 
 
 def greedy(cfg: Config) -> SamplingConfig:
@@ -142,7 +159,7 @@ class Driver:
         self.learner_restarts = 0
         self.version = 0
         self.step = 0
-        self.evals: dict[str, dict[str, Any]] = {}
+        self.evals: dict[str, dict[str, dict[str, Any]]] = {}  # held-out set → stage → result
         self.health: list[str] = []
         self.health_stop: Any = None  # grpo.health.HealthStop that ended the run
         self.step_success: dict[int, float] = {}  # success rate of the evaluations every eval_every steps
@@ -185,7 +202,7 @@ class Driver:
         from grpo.health import HealthMonitor
         from jobs.tracking import Tracker
         from serve_apps.tool_pool import deploy_pool
-        from tasks.dataset import TaskSampler
+        from tasks.curriculum import make_sampler
 
         cfg = self.cfg
         if not self.mirror.in_place:  # a fresh local copy: of the stored run's small files on resume
@@ -204,7 +221,7 @@ class Driver:
             self.tracker = Tracker(cfg, self.run_dir)
         (self.run_dir / "config.json").write_text(json.dumps(cfg.model_dump(mode="json"), indent=2))
         self.monitor = HealthMonitor(**cfg.health.model_dump())
-        self.sampler = TaskSampler(self.pf.train_rows, cfg.train.tasks_per_step, cfg.train.seed)
+        self.sampler = make_sampler(self.pf.train_rows, cfg.train)
 
         print("deploying the MCP tool pool on Ray Serve", flush=True)
         self.pool = deploy_pool(cfg.tools, metrics_run(cfg))
@@ -235,6 +252,7 @@ class Driver:
         extra = await self.learner.load_checkpoint(ckpt)
         self.step, self.version = int(extra["step"]), int(extra["version"])
         self.evals = dict(extra.get("evals", {}))
+        self.sampler.load_state(extra.get("sampler", {}))
         self._restore_step_success(extra)
         self.protected.add(self.step)
         print(f"resumed from {ckpt} at step {self.step} (policy v{self.version})", flush=True)
@@ -279,12 +297,12 @@ class Driver:
                 log.warning("health: %s", f)
                 self.health.append(f"step {step + 1}: [{f.name}] {f}")
             self.step = step + 1
+            self.tracker.log(self.step, metrics)
             if cfg.data.validation and cfg.train.eval_every and self.step % cfg.train.eval_every == 0:
                 if self.step < cfg.train.steps:
-                    result = await self._eval_metrics(f"step {self.step}")
-                    self.step_success[self.step] = float(result["success_rate"])
-                    metrics.update(eval_figures(result))
-            self.tracker.log(self.step, metrics)
+                    results = await self._evaluate(f"step {self.step}", periodic=True)
+                    self.step_success[self.step] = float(results["validation"]["success_rate"])
+                    metrics.update({k: v for name, r in results.items() for k, v in eval_figures(r, name).items()})
             if cfg.logging.sample_trajectories:
                 from actors.rollout_metrics import sample_rows
 
@@ -312,8 +330,9 @@ class Driver:
         cfg = self.cfg
         if cfg.train.steps and (not cfg.train.checkpoint_every or self.step % cfg.train.checkpoint_every):
             await self._checkpoint()
-        after_grpo = cfg.sft_warmup.enabled or INIT_STAGE in self.evals
-        await self._evaluate("after GRPO" if after_grpo else "final")
+        after_grpo = cfg.sft_warmup.enabled or any(INIT_STAGE in stages for stages in self.evals.values())
+        if self.step > 0 or not self.evals:  # no GRPO step (train.steps 0): the last evaluation is the final one
+            await self._evaluate("after GRPO" if after_grpo else "final")
         adapter = None
         if cfg.finetune.trains_adapter:
             stored = storage.join(self.location, "final_adapter")
@@ -385,6 +404,7 @@ class Driver:
             await self.learner.restart()
             extra = await self.learner.load_checkpoint(ckpt)
             self.step, self.evals = int(extra["step"]), dict(extra.get("evals", {}))
+            self.sampler.load_state(extra.get("sampler", {}))
             self._restore_step_success(extra)
             self.protected.add(self.step)
             # Engines serve only newer versions: the checkpoint's policy comes back under a new one.
@@ -433,6 +453,7 @@ class Driver:
     async def _train_on(self, trajs: list[Any], tasks: list[dict[str, Any]]) -> dict[str, float]:
         from actors.rollout_metrics import prefix_cache_counts, prefix_cache_hit_rate, rollout_metrics
         from grpo.advantages import group_advantages
+        from grpo.groups import outcome_groups
 
         cfg = self.cfg
         metrics: dict[str, float] = {f"rollout/{k}": v for k, v in rollout_metrics(trajs).items()}
@@ -453,12 +474,21 @@ class Driver:
             log.warning("step %d: every episode failed for infrastructure reasons; nothing to train on", self.step + 1)
             return metrics
         ppo = cfg.algorithm.name == "ppo"
+        self._record_outcomes(kept, tasks, metrics)
+        if cfg.algorithm.filter_groups == "outcome" and not ppo:
+            keep, group_stats = outcome_groups([succeeded(t) for t in kept], [t.group_id for t in kept])
+            kept = [t for t, k in zip(kept, keep, strict=True) if k]
+            metrics["rollout/groups_kept"] = group_stats["groups_kept_frac"]
+            metrics.update({f"groups/{k}": v for k, v in group_stats.items()})
+            if not kept:
+                log.info("step %d: no group has both outcomes; nothing to train on", self.step + 1)
+                return metrics
         with self.tracker.phase("reward"):
             if ppo:  # per-token advantages come from GAE in the learner: groups play no part (nor their stats)
                 adv, adv_stats = [0.0] * len(kept), {}
             else:
                 advantages, adv_stats = group_advantages(
-                    [t.reward for t in kept],
+                    self._scores(kept),
                     [t.group_id for t in kept],
                     method=cfg.algorithm.advantage,
                     std_normalize=cfg.algorithm.std_normalize,
@@ -472,6 +502,29 @@ class Driver:
             push = await self._push_next()
         metrics["sync/latency_s"] = float(push.get("latency_s", math.nan))
         return metrics
+
+    def _scores(self, trajs: list[Any]) -> list[float]:
+        """What group advantages rank: the summed reward, or outcome first (algorithm.outcome_first)."""
+        from grpo.groups import outcome_first_scores
+
+        shaping = self.cfg.algorithm.outcome_first
+        if shaping is None or self.cfg.reward.backend != "heuristic":
+            return [t.reward for t in trajs]
+        paid = [float(t.tool_stats.get("reward/outcome", 0.0)) for t in trajs]
+        return outcome_first_scores([t.reward for t in trajs], paid, [succeeded(t) for t in trajs], shaping)
+
+    def _record_outcomes(self, trajs: list[Any], tasks: list[dict[str, Any]], metrics: dict[str, float]) -> None:
+        """Each task's outcomes go to the sampler (the curriculum draws by them); per-template pass rates are logged."""
+        from tasks.curriculum import CurriculumSampler, template_pass_rates
+
+        outcomes: dict[str, list[bool]] = {}
+        for t in trajs:
+            outcomes.setdefault(t.task_id, []).append(succeeded(t))
+        self.sampler.record(self.step, outcomes)
+        for template, rate in sorted(template_pass_rates(tasks, outcomes).items()):
+            metrics[f"pass_rate/{template}"] = rate
+        if isinstance(self.sampler, CurriculumSampler):
+            metrics["curriculum/tasks_in_band"] = float(self.sampler.tasks_in_band())
 
     async def _group_judge(self, trajs: list[Any], tasks: list[dict[str, Any]]) -> list[Any]:
         """group_judge: one judge call per group scores its episodes; groups it cannot score are dropped."""
@@ -554,31 +607,50 @@ class Driver:
         print(f"warm start: policy v{self.version} on the engines (versions {versions})", flush=True)
         await self._evaluate("after warm start")
 
-    async def _eval_metrics(self, label: str) -> dict[str, Any]:
-        """The validation tasks played greedily by the engines' current policy; one console line."""
+    def _eval_sets(self, periodic: bool) -> dict[str, list[dict[str, Any]]]:
+        """The held-out sets, headline first: validation (data.validation) and transfer (data.transfer). The
+        evaluations every eval_every steps play the headline set only: they draw its curve."""
+        n = self.cfg.train.eval_tasks
+        sets = {"validation": self.pf.validation_rows[:n], "transfer": [] if periodic else self.pf.transfer_rows[:n]}
+        return {name: rows for name, rows in sets.items() if rows}
+
+    async def _eval_metrics(self, label: str, periodic: bool = False) -> dict[str, dict[str, Any]]:
+        """Every held-out set played greedily by the engines' current policy: {set: result}, one console line
+        each. Each result records the GRPO step it was taken at (the report's curve)."""
         from jobs.evaluate import evaluate_rows
 
-        rows = self.pf.validation_rows[: self.cfg.train.eval_tasks]
-        with self.tracker.phase("eval"):
-            result = await evaluate_rows(self.rollout, rows, greedy(self.cfg))
-        print(
-            f"eval [{label}] success {result['success_rate']:.1%}, mean reward {result['mean_reward']:.3f}, "
-            f"turns {result['turns']:.2f} on {result['tasks']} held-out tasks",
-            flush=True,
-        )
-        return result
+        out: dict[str, dict[str, Any]] = {}
+        for name, rows in self._eval_sets(periodic).items():
+            with self.tracker.phase("eval"):
+                result = await evaluate_rows(self.rollout, rows, greedy(self.cfg))
+            result.update({"step": self.step, "periodic": periodic, "description": EVAL_SETS.get(name, name)})
+            out[name] = result
+            print(
+                f"eval [{label}] {name}: answer right {result['success_rate']:.1%}, calls right "
+                f"{result['calls_right_rate']:.1%}, mean reward {result['mean_reward']:.3f}, turns "
+                f"{result['turns']:.2f} on {result['tasks']} held-out tasks",
+                flush=True,
+            )
+        return out
 
-    async def _evaluate(self, stage: str) -> None:
+    async def _evaluate(self, stage: str, periodic: bool = False) -> dict[str, dict[str, Any]]:
+        """Evaluate, keep the results under `stage` (evals.json beside the report), log them as eval/<set>/..."""
         if not self.cfg.data.validation:
-            return
-        result = await self._eval_metrics(stage)
-        self.evals[stage] = result
-        self.tracker.log(self.step, eval_figures(result))
+            return {}
+        results = await self._eval_metrics(stage, periodic)
+        figures: dict[str, float] = {}
+        for name, result in results.items():
+            self.evals.setdefault(name, {})[stage] = result
+            figures.update(eval_figures(result, name))
+        self.tracker.log(self.step, figures)
+        (self.run_dir / "evals.json").write_text(json.dumps(self.evals, indent=1))
+        return results
 
     async def _checkpoint(self) -> None:
         folder = storage.join(self.location, "checkpoints", f"step_{self.step}")
         success = {str(s): v for s, v in self.step_success.items()}  # JSON: keys are strings
         extra = {"step": self.step, "version": self.version, "evals": self.evals, "step_success": success}
+        extra["sampler"] = self.sampler.state()  # the curriculum's outcomes: the resumed run draws the same batches
         await self.learner.save_checkpoint(folder, extra)
         await asyncio.to_thread(self.mirror.push)  # the metrics that go with it
         log.info("checkpoint: %s", folder)
@@ -672,9 +744,11 @@ def main(argv: list[str] | None = None) -> None:
             flush=True,
         )
         sys.exit(HEALTH_STOP_EXIT)
-    stages = ", ".join(f"{stage} {e['success_rate']:.1%}" for stage, e in result["evals"].items())
-    if stages:
-        print(f"success rate on held-out tasks: {stages}")
+    for name, by_stage in result["evals"].items():
+        milestones = {stage: e for stage, e in by_stage.items() if not e.get("periodic")}
+        stages = ", ".join(f"{stage} {e['success_rate']:.1%}" for stage, e in milestones.items())
+        print(f"answer right on held-out {name} tasks ({EVAL_SETS.get(name, name)}): {stages}")
+    if result["evals"]:
         from jobs.report import console_lines
 
         for line in console_lines(result["evals"]):

@@ -58,8 +58,13 @@ def test_a_run_writes_each_tasks_calls_and_conversation(tmp_path: Path) -> None:
     assert sorted(t["task_id"] for t in result["per_task"]) == sorted(
         r["reward_spec"]["ground_truth"]["task_id"] for r in rows
     )
+    by_id = {r["reward_spec"]["ground_truth"]["task_id"]: r["reward_spec"]["ground_truth"] for r in rows}
     for task in result["per_task"]:
         assert isinstance(task["calls"], list)
+        gt = by_id[task["task_id"]]  # what the task expects, beside what the model did
+        assert task["expected_calls"] == [f"{s['server']}.{s['tool']}" for s in gt["tool_sequence"]]
+        assert task["expected_answer"] == gt["final_answer"]["value"]
+        assert isinstance(task["calls_right"], bool) and isinstance(task["success"], bool)
         conversation = task["conversation"]
         assert conversation and conversation[0]["role"] == "assistant", conversation  # the prompt is left out
         assert len([m for m in conversation if m["role"] == "assistant"]) == task["turns"]

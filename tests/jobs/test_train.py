@@ -106,7 +106,7 @@ def test_two_steps_write_checkpoints_metrics_wandb_and_a_report(unbroken: Path) 
     # Where to watch it, printed once at start: ci-tiny has no dashboard, but exports its metrics.
     stdout = (unbroken.parents[1] / "stdout.txt").read_text()
     assert stdout.count('no Ray dashboard in this session; metrics: ray_mcprl_*{run="ci-tiny"}') == 1
-    evals = [r for r in history(unbroken) if "eval/success_rate" in r]
+    evals = [r for r in history(unbroken) if "eval/validation/success_rate" in r]
     assert len(evals) == 3  # base, after the warm start, after GRPO
     # The warm start trains in the learner group: sft_loss falls over its steps, its adapter is kept at
     # <run>/sft and the engines serve it as policy v1 before GRPO starts.
@@ -234,7 +234,8 @@ def test_overlap_generates_the_next_step_while_this_one_trains(tmp_path: Path, u
         for key in ("train/value_loss", "train/value_mean", "train/explained_variance", "train/returns_mean"):
             assert key in m and m[key] == m[key], key  # present and not NaN
         assert not any(k.startswith("adv/") for k in m)  # no group advantages: the health checks never see them
-    assert 0 <= step_metrics(run_dir, 1)["eval/success_rate"] <= 1 and "eval/tasks" in step_metrics(run_dir, 1)
+    m = step_metrics(run_dir, 1)
+    assert 0 <= m["eval/validation/success_rate"] <= 1 and "eval/validation/tasks" in m
     assert "train/value_loss" not in step_metrics(unbroken, 1)  # grpo (ci-tiny's default) has no value head
     saved = FileSystemReader(str(run_dir / "checkpoints" / "step_2" / "state")).read_metadata().state_dict_metadata
     assert {"model.value_head.weight", "model.value_head.bias"} <= set(saved)
