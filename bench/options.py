@@ -16,9 +16,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from configs.loader import ConfigError, apply_override, format_errors, load_config, parse_override
 from configs.schema import Config
 
-SUITES = ("tools", "env", "prompt", "rollout", "train", "job", "e2e", "scale", "cplane", "gpu")
-Suite = Literal["tools", "env", "prompt", "rollout", "train", "job", "e2e", "scale", "cplane", "gpu", "all"]
-NOT_IN_ALL = ("cplane", "gpu")  # cplane runs inside scale; gpu is for a GPU box (its 1.7B shape crawls on a CPU)
+SUITES = ("tools", "env", "prompt", "rollout", "train", "job", "e2e", "scale", "cplane", "gpu", "learning")
+Suite = Literal["tools", "env", "prompt", "rollout", "train", "job", "e2e", "scale", "cplane", "gpu", "learning", "all"]
+# cplane runs inside scale; gpu is for a GPU box (its 1.7B shape crawls on a CPU); learning is 6 whole demo
+# runs (~2 h on a 2-core CPU)
+NOT_IN_ALL = ("cplane", "gpu", "learning")
 
 
 class Section(BaseModel):
@@ -162,6 +164,26 @@ class GpuOptions(Section):
     seed: int = 0
 
 
+class LearningOptions(Section):
+    """Suite `learning`: per seed, the demo recipe (warm start, then GRPO) against the warm start alone trained
+    longer for GRPO's wall time (`--quick`: configs/ci-tiny.yaml, seed 0, its own small steps)."""
+
+    config: str = Field("configs/demo-cpu.yaml", description="the recipe run per seed (relative to the checkout)")
+    seeds: list[int] = Field([0, 1, 2], description="train.seed of each pair of runs (rollout.sampling.seed: +1)")
+    run_timeout_s: float = Field(7200.0, gt=0, description="the most one jobs.train process may take")
+
+    @model_validator(mode="after")
+    def _check(self) -> LearningOptions:
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"learning.seeds {self.seeds}: expected a non-empty list of distinct seeds")
+        return self
+
+    def smoke(self) -> LearningOptions:
+        """`--quick`: the tiny random model's recipe and one seed, where `--set` did not choose."""
+        quick = {"config": "configs/ci-tiny.yaml", "seeds": [0]}
+        return self.model_copy(update={k: v for k, v in quick.items() if k not in self.model_fields_set})
+
+
 class BenchOptions(Section):
     suite: Suite = "tools"
     repeats: int = Field(3, ge=1, description="each side-by-side comparison is repeated this many times")
@@ -177,6 +199,7 @@ class BenchOptions(Section):
     scale: ScaleOptions = ScaleOptions()
     cplane: CplaneOptions = CplaneOptions()
     gpu: GpuOptions = GpuOptions()
+    learning: LearningOptions = LearningOptions()
 
     @classmethod
     def parse(cls, fields: dict[str, Any], overrides: list[str] = ()) -> BenchOptions:
