@@ -827,7 +827,12 @@ class TrainConfig(Strict):
         default_factory=CurriculumConfig, description="Pass-rate curriculum for drawing each step's tasks."
     )
     eval_every: int = Field(0, ge=0, description="Evaluate on the validation split every N steps; 0 = start/end only.")
-    eval_tasks: int = Field(32, ge=1, description="Validation tasks played (greedy) per evaluation.")
+    eval_tasks: int = Field(32, ge=1, description="Tasks of each held-out set played (greedy) per evaluation.")
+    eval_base: bool = Field(
+        True,
+        description="Evaluate the base model before training (stage 'base'); false skips it when its figure is "
+        "known (a small model's base answers none: minutes of evaluation for a 0).",
+    )
     checkpoint_every: int = Field(0, ge=0, description="Checkpoint every N steps (and at the end); 0 = end only.")
     keep_checkpoints: int = Field(
         0,

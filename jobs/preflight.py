@@ -416,6 +416,12 @@ def plan_lines(cfg: Config) -> list[str]:
         advantage = f"GAE (gamma {alg.gamma}, lam {alg.lam}) with a value head"
     else:
         advantage = alg.advantage
+        if alg.outcome_first is not None and cfg.reward.backend == "heuristic":
+            advantage += ", outcome first"
+        if alg.filter_groups == "outcome":
+            advantage += ", groups without both outcomes left out"
+        if t.curriculum.enabled:
+            advantage += "; tasks drawn by pass rate (curriculum)"
     lines = [
         f"fine-tune: {cfg.finetune.mode}"
         + (f" (r={cfg.finetune.lora.r}, alpha={cfg.finetune.lora.alpha})" if cfg.finetune.trains_adapter else ""),
@@ -428,7 +434,8 @@ def plan_lines(cfg: Config) -> list[str]:
     ]
     if cfg.sft_warmup.enabled:
         lines.append(f"warm start: {cfg.sft_warmup.steps} SFT steps × {cfg.sft_warmup.batch_size} expert trajectories")
-    stages = "base, after the warm start and at the end" if cfg.sft_warmup.enabled else "at the start and the end"
+    base = "base, " if t.eval_base else ""
+    stages = f"{base}after the warm start and at the end" if cfg.sft_warmup.enabled else "at the start and the end"
     evals = f"{stages}, and every {t.eval_every} steps" if t.eval_every else stages
     held_out = "validation" + (" and transfer" if cfg.data.transfer else "")
     lines.append(f"evaluation: up to {t.eval_tasks} {held_out} tasks, greedy, {evals}" if cfg.data.validation else "")

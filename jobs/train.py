@@ -186,7 +186,8 @@ class Driver:
             if self.cfg.finetune.init_adapter and self.cfg.finetune.trains_adapter:
                 await self._serve_init_adapter()
             else:
-                await self._evaluate("base")
+                if self.cfg.train.eval_base:
+                    await self._evaluate("base")
             if self.cfg.sft_warmup.enabled and self.cfg.finetune.trains_adapter:
                 await self._warm_start()
         await self._grpo_loop()
@@ -297,12 +298,12 @@ class Driver:
                 log.warning("health: %s", f)
                 self.health.append(f"step {step + 1}: [{f.name}] {f}")
             self.step = step + 1
-            self.tracker.log(self.step, metrics)
             if cfg.data.validation and cfg.train.eval_every and self.step % cfg.train.eval_every == 0:
                 if self.step < cfg.train.steps:
                     results = await self._evaluate(f"step {self.step}", periodic=True)
                     self.step_success[self.step] = float(results["validation"]["success_rate"])
                     metrics.update({k: v for name, r in results.items() for k, v in eval_figures(r, name).items()})
+            self.tracker.log(self.step, metrics)
             if cfg.logging.sample_trajectories:
                 from actors.rollout_metrics import sample_rows
 
@@ -634,7 +635,8 @@ class Driver:
         return out
 
     async def _evaluate(self, stage: str, periodic: bool = False) -> dict[str, dict[str, Any]]:
-        """Evaluate, keep the results under `stage` (evals.json beside the report), log them as eval/<set>/..."""
+        """Evaluate, keep the results under `stage` (evals.json beside the report) and log them as eval/<set>/...
+        (a periodic evaluation's figures go into its step's record, which the caller logs)."""
         if not self.cfg.data.validation:
             return {}
         results = await self._eval_metrics(stage, periodic)
@@ -642,7 +644,8 @@ class Driver:
         for name, result in results.items():
             self.evals.setdefault(name, {})[stage] = result
             figures.update(eval_figures(result, name))
-        self.tracker.log(self.step, figures)
+        if not periodic:
+            self.tracker.log(self.step, figures)
         (self.run_dir / "evals.json").write_text(json.dumps(self.evals, indent=1))
         return results
 

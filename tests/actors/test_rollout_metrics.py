@@ -64,6 +64,7 @@ def stats(turns: int, calls: int, ok: int, timeouts: int = 0, parse: int = 0, in
         "parse_failures": parse,
         "infra_faults": infra,
         "task_complete": float(done),
+        "calls_right": float(done),
     }
 
 
@@ -108,6 +109,7 @@ def test_rollout_metrics_exact(batch):
         "episode_len": 2.0,
         "episode_tokens": ((10 + 6) + (10 + 4)) / 2,
         "success_rate": 0.5,
+        "calls_right_rate": 0.5,
         "tool_success_rate": 3 / 5,  # pooled: (2 + 1) ok of (2 + 3) calls
         "tool_timeout_rate": 1 / 5,
         "parse_failure_rate": 1 / 4,  # 1 failure in 2 + 2 turns

@@ -122,7 +122,7 @@ def test_two_steps_write_checkpoints_metrics_wandb_and_a_report(unbroken: Path) 
     assert "| after GRPO − after warm start | 4 |" in summary and "| after warm start − base | 4 |" in summary
     assert "| template | complexity | tasks | base | after warm start | after GRPO |" in summary
     assert re.search(r"after GRPO − after warm start: [+-]\d+\.\d points, 95% CI \[", stdout)
-    assert "success per template (solved / scored):" in stdout
+    assert "success per template (answer right: solved / scored):" in stdout
     assert list((unbroken / "wandb").glob("offline-run-*")), "no offline W&B run written"
     assert (unbroken / "final_adapter" / "adapter_model.safetensors").is_file()
 
@@ -241,3 +241,38 @@ def test_overlap_generates_the_next_step_while_this_one_trains(tmp_path: Path, u
     assert {"model.value_head.weight", "model.value_head.bias"} <= set(saved)
     adapter = load_file(str(run_dir / "final_adapter" / "adapter_model.safetensors"))
     assert adapter and not any("value" in k for k in adapter)
+
+
+def test_outcome_filter_curriculum_and_a_transfer_set(tmp_path: Path, unbroken: Path) -> None:
+    """algorithm.filter_groups=outcome, train.curriculum and data.transfer, as a user sets them. The random
+    model never answers right, so every group is all-wrong: each step logs 0 groups kept and trains nothing
+    (no learner update, no push), the per-template pass rates are logged, the curriculum's outcomes ride in
+    the checkpoint, and both held-out sets are evaluated at each milestone (the transfer set here: the
+    validation file again), with train.eval_base=false leaving the base stage out."""
+    data = unbroken.parent.parent / "data"
+    overrides = (
+        "algorithm.filter_groups=outcome",
+        "train.curriculum.enabled=true",
+        f"data.transfer={data / 'tasks.validation.jsonl'}",
+        "train.eval_base=false",
+        "train.eval_every=1",
+    )
+    proc = train(tmp_path, *(a for o in overrides for a in ("--set", o)), "--run", data=data)
+    run_dir = tmp_path / "runs" / "ci-tiny"
+    rows = history(run_dir)
+    for step in (1, 2):
+        merged = {k: v for r in rows if r["step"] == step for k, v in r.items()}
+        assert merged["rollout/groups_kept"] == 0.0 and merged["groups/groups_all_wrong"] == 2.0
+        assert merged["rollout/success_rate"] == 0.0
+        assert any(k.startswith("pass_rate/") for k in merged)
+        assert not any(k.startswith("train/") for k in merged), "a step with no kept group trained"
+    assert "eval/validation/success_rate" in {k for r in rows if r["step"] == 1 for k in r}  # eval_every 1
+    meta = json.loads((run_dir / "checkpoints" / "step_2" / "meta.json").read_text())
+    recorded = meta["extra"]["sampler"]["outcomes"]
+    assert sorted(recorded) == ["0", "1"] and all(len(v) == 2 for v in recorded.values())  # 2 tasks a step
+    evals = json.loads((run_dir / "evals.json").read_text())
+    assert list(evals) == ["validation", "transfer"]
+    assert list(evals["validation"]) == ["after warm start", "step 1", "after GRPO"]
+    assert list(evals["transfer"]) == ["after warm start", "after GRPO"]  # periodic evaluations: validation only
+    assert evals["validation"]["step 1"]["periodic"] and evals["transfer"]["after GRPO"]["step"] == 2
+    assert "answer right on held-out transfer tasks" in proc.stdout and "== transfer:" in proc.stdout
