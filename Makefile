@@ -33,7 +33,7 @@ sandbox:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq bubblewrap; }
 
-# The main job: SmolLM2-135M learns MCP tool use (base → warm start → GRPO), ~13 min on 2 cores.
+# The main job: SmolLM2-135M learns MCP tool use (warm start → GRPO, two held-out sets), ~24 min on 2 cores.
 demo: install sandbox
 	$(PY) -m jobs.train --config configs/demo-cpu.yaml --run --fresh
 
