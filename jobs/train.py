@@ -300,9 +300,9 @@ class Driver:
             self.step = step + 1
             if cfg.data.validation and cfg.train.eval_every and self.step % cfg.train.eval_every == 0:
                 if self.step < cfg.train.steps:
-                    results = await self._evaluate(f"step {self.step}", periodic=True)
-                    self.step_success[self.step] = float(results["validation"]["success_rate"])
-                    metrics.update({k: v for name, r in results.items() for k, v in eval_figures(r, name).items()})
+                    stage = f"step {self.step}"
+                    metrics.update(await self._evaluate(stage, periodic=True))
+                    self.step_success[self.step] = float(self.evals["validation"][stage]["success_rate"])
             self.tracker.log(self.step, metrics)
             if cfg.logging.sample_trajectories:
                 from actors.rollout_metrics import sample_rows
@@ -634,9 +634,9 @@ class Driver:
             )
         return out
 
-    async def _evaluate(self, stage: str, periodic: bool = False) -> dict[str, dict[str, Any]]:
-        """Evaluate, keep the results under `stage` (evals.json beside the report) and log them as eval/<set>/...
-        (a periodic evaluation's figures go into its step's record, which the caller logs)."""
+    async def _evaluate(self, stage: str, periodic: bool = False) -> dict[str, float]:
+        """Evaluate and keep the results under `stage` (evals.json beside the report). Returns their figures as
+        eval/<set>/... metrics, logged here; a periodic evaluation's go into its step's record (the caller logs it)."""
         if not self.cfg.data.validation:
             return {}
         results = await self._eval_metrics(stage, periodic)
@@ -647,7 +647,7 @@ class Driver:
         if not periodic:
             self.tracker.log(self.step, figures)
         (self.run_dir / "evals.json").write_text(json.dumps(self.evals, indent=1))
-        return results
+        return figures
 
     async def _checkpoint(self) -> None:
         folder = storage.join(self.location, "checkpoints", f"step_{self.step}")
