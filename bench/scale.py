@@ -351,7 +351,7 @@ def run(opts: BenchOptions, console: Console) -> SuiteResult:
         f"evaluation; its first step is left out and the {steps_repeats} after it are the repeats. Episodes/s "
         "is episodes over the whole step (rollout, train, push)."
     )
-    from actors.engines import vllm_available
+    from actors.engine_api import vllm_available
 
     if s.vllm == "on" or (s.vllm == "auto" and vllm_available()):
         vreport = asyncio.run(vllm_modes(s, mode_repeats, console))

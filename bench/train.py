@@ -495,7 +495,7 @@ async def _run_parts(
     report: dict[str, Any], opts: TrainOptions, batch: list[dict[str, Any]], console: Any,
     lora_learner: Any, full_learner: Any, old_learners: tuple[Any, ...], root: Path, t_start: float,
 ) -> None:  # fmt: skip
-    from actors.engines import vllm_available
+    from actors.engine_api import vllm_available
 
     with console.status("train: starting the learners (LoRA and full)"):
         report["learner_setup_s"] = (await lora_learner.start())["setup_s"]

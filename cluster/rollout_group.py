@@ -143,7 +143,8 @@ class EngineHost:
 
     async def start(self, local_rank: int, local_count: int) -> dict[str, Any]:
         """Build and start the engine; `local_rank` of `local_count` engines on this node."""
-        from actors.engines import choose_backend, make_engine
+        from actors.engine_api import choose_backend
+        from actors.engines import make_engine
 
         backend = choose_backend(self.cfg)
         on_cpu = self.cfg.rollout.engine_resources.num_gpus == 0

@@ -15,6 +15,7 @@ right for one node or a filesystem every node mounts; a URI is right for anythin
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import os
 import posixpath
@@ -31,6 +32,23 @@ JOB_STORAGE_HOME = "~/mcprl"
 
 class StorageError(RuntimeError):
     """A storage location that cannot be read or written; the message names it."""
+
+
+def default_cache_dir(cache_dir: str = "") -> Path:
+    """The mcprl cache: `cache_dir`, else $MCPRL_CACHE, else ~/.cache/mcprl."""
+    return Path(cache_dir or os.environ.get("MCPRL_CACHE") or "~/.cache/mcprl").expanduser()
+
+
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """Exclusive use of `path`'s lock among this node's processes and threads."""
+    # flock belongs to the open file, so this excludes other threads as well as other processes.
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def is_uri(location: str) -> bool:
@@ -234,8 +252,6 @@ def fetch(location: str) -> Path:
     if not is_uri(location):
         return Path(location)
     import pyarrow.fs as pafs
-
-    from actors.models import default_cache_dir, file_lock
 
     fs, path = _fs(location)
     info = _call(location, "stat", lambda: fs.get_file_info(path))

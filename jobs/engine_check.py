@@ -18,8 +18,8 @@ from jobs.cli import base_parser, setup
 
 
 async def check(cfg: Config, prompt: str, tokens: int) -> int:
-    from actors.engine_api import EngineError
-    from actors.engines import choose_backend, make_engine
+    from actors.engine_api import EngineError, choose_backend
+    from actors.engines import make_engine
     from actors.models import load_tokenizer
 
     tokenizer = load_tokenizer(cfg.model)

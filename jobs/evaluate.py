@@ -21,8 +21,13 @@ from typing import Any
 
 from actors.adapter_io import read_adapter
 from cluster import storage
-from configs.schema import SamplingConfig
+from configs.schema import Config, SamplingConfig
 from jobs.cli import base_parser, setup, usage_error
+
+
+def greedy(cfg: Config) -> SamplingConfig:
+    """The rollout sampling made deterministic: what every evaluation plays."""
+    return cfg.rollout.sampling.model_copy(update={"temperature": 0.0, "top_p": 1.0, "seed": None})
 
 
 def tool_calls(trajs: list[Any]) -> dict[str, dict[str, float]]:
@@ -109,7 +114,6 @@ async def run(cfg: Any, rows: list[dict[str, Any]], adapter: str | None) -> dict
 
     from cluster.metrics import metrics_run
     from cluster.rollout_group import RolloutGroup
-    from jobs.train import greedy
     from serve_apps.tool_pool import deploy_pool, undeploy_pool
 
     pool = deploy_pool(cfg.tools, metrics_run(cfg))

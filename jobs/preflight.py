@@ -407,7 +407,7 @@ def run_preflight(cfg: Config, write: bool = False) -> Preflight:
 
 
 def plan_lines(cfg: Config) -> list[str]:
-    from actors.engines import choose_backend
+    from actors.engine_api import choose_backend
 
     t = cfg.train
     episodes = t.tasks_per_step * t.group_size

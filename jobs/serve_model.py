@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import torch
 
-    from actors.models import ModelNotFoundError, default_cache_dir
+    from actors.models import ModelNotFoundError
     from cluster import storage
     from jobs.export import ExportError, export, load_source
 
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> None:
             usage_error(f"--lora: run {src.run!r} trained over a 4-bit base; serve it without --lora (merged)")
         key = hashlib.sha1(f"{src.run}|{args.checkpoint}".encode()).hexdigest()[:12]
         kind = "lora" if args.lora else "merged" if lora else "full"
-        out = default_cache_dir() / "exports" / f"{storage.name(src.run)}-{key}-{kind}"
+        out = storage.default_cache_dir() / "exports" / f"{storage.name(src.run)}-{key}-{kind}"
         export(
             src.run,
             str(out),

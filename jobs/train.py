@@ -54,9 +54,10 @@ from pathlib import Path
 from typing import Any
 
 from cluster import storage
-from configs.schema import Config, SamplingConfig
+from configs.schema import Config
 from jobs.checkpoints import latest_checkpoint, prune_checkpoints
 from jobs.cli import base_parser, setup, usage_error
+from jobs.evaluate import evaluate_rows, greedy
 
 log = logging.getLogger("mcprl.train")
 
@@ -78,9 +79,7 @@ def driver_folder(run: str) -> Path:
     """The driver's local folder for `run`: the run folder itself on a path, else a cache folder."""
     if not storage.is_uri(run):
         return Path(run)
-    from actors.models import default_cache_dir
-
-    return default_cache_dir() / "runs" / f"{storage.name(run)}-{hashlib.sha1(run.encode()).hexdigest()[:12]}"
+    return storage.default_cache_dir() / "runs" / f"{storage.name(run)}-{hashlib.sha1(run.encode()).hexdigest()[:12]}"
 
 
 def resume_command(config: str | None, overrides: list[str]) -> str:
@@ -121,10 +120,6 @@ def eval_figures(result: dict[str, Any], name: str) -> dict[str, float]:
 def succeeded(traj: Any) -> bool:
     """The episode's outcome: its final answer is right (the env's task_complete)."""
     return bool(traj.tool_stats.get("task_complete"))
-
-
-def greedy(cfg: Config) -> SamplingConfig:
-    return cfg.rollout.sampling.model_copy(update={"temperature": 0.0, "top_p": 1.0, "seed": None})
 
 
 def to_samples(trajs: list[Any], advantages: list[float], ppo: bool = False) -> list[dict[str, Any]]:
@@ -227,7 +222,7 @@ class Driver:
         print("deploying the MCP tool pool on Ray Serve", flush=True)
         self.pool = deploy_pool(cfg.tools, metrics_run(cfg))
         self._deploy_judge()
-        from actors.engines import weight_push
+        from actors.engine_api import weight_push
 
         print(
             f"starting {cfg.rollout.engines} rollout engine(s) and {cfg.rollout.runners} runner(s); "
@@ -559,7 +554,7 @@ class Driver:
     async def _push(self, version: int) -> dict[str, Any]:
         """The learner's policy onto every engine as `version`: the LoRA adapter, or (full fine-tune, and LoRA
         with rollout.weight_push merged) the weights, merged with the adapter for LoRA."""
-        from actors.engines import weight_push
+        from actors.engine_api import weight_push
 
         if weight_push(self.cfg) == "adapter":
             ref = await self.learner.export_adapter_ref()
@@ -618,8 +613,6 @@ class Driver:
     async def _eval_metrics(self, label: str, periodic: bool = False) -> dict[str, dict[str, Any]]:
         """Every held-out set played greedily by the engines' current policy: {set: result}, one console line
         each. Each result records the GRPO step it was taken at (the report's curve)."""
-        from jobs.evaluate import evaluate_rows
-
         out: dict[str, dict[str, Any]] = {}
         for name, rows in self._eval_sets(periodic).items():
             with self.tracker.phase("eval"):

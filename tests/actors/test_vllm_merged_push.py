@@ -40,7 +40,8 @@ def chosen_logprobs(model: torch.nn.Module, prompt: list[int], tokens: list[int]
 
 
 async def test_merged_push_serves_the_merged_model() -> None:
-    from actors.engines import make_engine, weight_push
+    from actors.engine_api import weight_push
+    from actors.engines import make_engine
     from actors.learner import Learner
     from actors.models import load_causal_lm
 

@@ -120,7 +120,7 @@ def test_dotenv_is_read_and_environment_wins(tmp_path, monkeypatch):
 
 
 def test_weight_push_auto_is_merged_only_for_vllm_on_cpu() -> None:
-    from actors.engines import weight_push
+    from actors.engine_api import weight_push
     from configs.schema import Config
 
     def resolve(**over: object) -> str:
