@@ -1,4 +1,4 @@
-"""The learner: one rank of the training group (a plain class; cluster/learner_group.py makes it a Ray actor).
+"""The learner: one rank of the training group (a plain class; orchestration/learner_group.py makes it a Ray actor).
 
 One GRPO iteration (`train_step`) on this rank's share of the batch:
 

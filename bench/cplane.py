@@ -6,7 +6,7 @@
    server is deployed, redeployed at each point.
 2. The control plane toward cluster size (`scale.in_flight`): the training job's rollout path with the
    model taken out. Scripted engine actors (`bench.doubles.expert_engine`: each turn is the task's expert
-   action after `cplane.gen_ms`), one runner actor (`cluster.rollout_group.RunnerHost`, as the job starts
+   action after `cplane.gen_ms`), one runner actor (`orchestration.rollout_group.RunnerHost`, as the job starts
    it, over `RemoteEngine`s of every engine) and the Serve tool pool deployed by `deploy_pool` as the job
    does (the offline servers). N episodes in flight play `cplane.rounds` x N episodes of rule tasks; one
    episode at a time is the reference. Per point: episodes/s (the driver's wall, trajectories shipped
@@ -34,7 +34,7 @@ from rich.console import Console
 
 from bench.options import BenchOptions
 from bench.results import Curve, Row, Spread, SuiteResult, spread
-from cluster.rollout_group import RunnerHost
+from orchestration.rollout_group import RunnerHost
 
 QUICK_REPLICAS = [1, 2]
 QUICK_IN_FLIGHT = [10, 50]
@@ -333,7 +333,7 @@ async def _control_plane(opts: BenchOptions, cfg: Any, rows: list[dict[str, Any]
 
     from cluster.metrics import metrics_run
     from cluster.ray_env import remote_class
-    from cluster.rollout_group import ENGINE_MAX_CONCURRENCY
+    from orchestration.rollout_group import ENGINE_MAX_CONCURRENCY
     from serve_apps.tool_pool import deploy_pool, undeploy_pool
 
     points = QUICK_IN_FLIGHT if opts.quick else opts.scale.in_flight

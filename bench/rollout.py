@@ -160,8 +160,8 @@ def predicted_ratio(calls: list[list[int]], cap: int | None, gen_s: float, runs:
 async def bench_engines(console: Console, sizes: Sizes, repeats: int, backends: list[str]) -> dict[str, Any]:
     """HF vs vLLM: tokens/s on the same prompts (the batch `repeats` times), and LoRA adapter swap latency."""
     from actors.models import load_tokenizer
-    from cluster.rollout_group import cpu_list, node_cores
     from configs.schema import SamplingConfig
+    from orchestration.rollout_group import cpu_list, node_cores
 
     cfg = Config.model_validate(
         {
@@ -273,8 +273,8 @@ async def bench_push_modes(console: Console, sizes: Sizes, repeats: int) -> dict
     from actors.engines import make_engine
     from actors.learner import Learner
     from actors.models import load_tokenizer
-    from cluster.rollout_group import cpu_list, node_cores
     from configs.schema import SamplingConfig
+    from orchestration.rollout_group import cpu_list, node_cores
 
     cfg = Config.model_validate(
         {

@@ -410,7 +410,7 @@ async def bench_engines(
     cfg: Config, lora_learner: Any, full_learner: Any, opts: TrainOptions, root: Path
 ) -> dict[str, Any]:
     """Start a rollout group (no tool pool: nothing here plays episodes), measure LoRA pushes and weight syncs."""
-    from cluster.rollout_group import RolloutGroup
+    from orchestration.rollout_group import RolloutGroup
 
     rollout = RolloutGroup(cfg, None)
     t = time.perf_counter()
@@ -431,8 +431,8 @@ def run_train_suite(opts: TrainOptions, console: Any) -> dict[str, Any]:
     vllm (the same, or {"skipped": why}), wall_s. Uses the Ray this process already runs, else an embedded one."""
     import ray
 
-    from cluster.learner_group import LearnerGroup
     from cluster.ray_env import ray_session
+    from orchestration.learner_group import LearnerGroup
 
     t_start = time.perf_counter()
     lora_cfg = bench_config(opts, "lora", "hf", opts.engines)

@@ -498,7 +498,7 @@ async def reward_llm_judge(
 ) -> dict[str, Any]:
     """The judge's reward for `latest_action`: {total_reward, components, task_complete, infra_fault[, judge_error]}.
 
-    `judge`: an in-process `Judge` or the Serve handle wrapper (`serve_apps.judge.judge_client`).
+    `judge`: an in-process `Judge` or the Serve handle wrapper (`envs.judge_serve.judge_client`).
     """
     return await judge.score(conversation, latest_action, ground_truth, rubric)
 

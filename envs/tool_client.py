@@ -201,11 +201,11 @@ def resolve_tool_client(source: ToolSource, tools: Any = None) -> ToolClient:
 
 
 def judge_from_config(cfg: RewardConfig | JudgeConfig) -> Any:
-    """The judge `judge.source` names, built once per process and config (see serve_apps.judge.judge_client)."""
+    """The judge `judge.source` names, built once per process and config (see envs.judge_serve.judge_client)."""
     reward = cfg if isinstance(cfg, RewardConfig) else RewardConfig(judge=cfg)
 
     async def build() -> Any:
-        from serve_apps.judge import judge_client
+        from envs.judge_serve import judge_client
 
         return await asyncio.to_thread(judge_client, reward)  # may join Ray and deploy: blocking calls
 

@@ -6,7 +6,7 @@ Prints the success rate, the mean reward, the mean number of turns and each tool
 writes them as JSON, with one entry per task (`per_task`: task id, template and complexity of its row,
 reward, turns, success, infra_fault, the calls made and the conversation after the prompt) that
 jobs/stats.py pairs across stages; a training run's own evaluations keep the figures only. The engines, runners and
-tool pool are the training run's own (`cluster.rollout_group`), so an evaluation plays exactly what
+tool pool are the training run's own (`orchestration.rollout_group`), so an evaluation plays exactly what
 training rollouts play.
 """
 
@@ -113,7 +113,7 @@ async def run(cfg: Any, rows: list[dict[str, Any]], adapter: str | None) -> dict
     import ray
 
     from cluster.metrics import metrics_run
-    from cluster.rollout_group import RolloutGroup
+    from orchestration.rollout_group import RolloutGroup
     from serve_apps.tool_pool import deploy_pool, undeploy_pool
 
     pool = deploy_pool(cfg.tools, metrics_run(cfg))

@@ -194,9 +194,9 @@ class Driver:
         """The run's folders and tracker, the tool pool, the judge and the rollout group. Returns the
         checkpoint to resume from (None: a fresh start)."""
         from cluster.metrics import metrics_run
-        from cluster.rollout_group import RolloutGroup
         from grpo.health import HealthMonitor
         from jobs.tracking import Tracker
+        from orchestration.rollout_group import RolloutGroup
         from serve_apps.tool_pool import deploy_pool
         from tasks.curriculum import make_sampler
 
@@ -234,7 +234,7 @@ class Driver:
         return ckpt
 
     async def _start_learner(self) -> None:
-        from cluster.learner_group import LearnerGroup
+        from orchestration.learner_group import LearnerGroup
 
         print(f"starting the learner group ({self.cfg.learner.workers} worker(s))", flush=True)
         self.learner = LearnerGroup(self.cfg)
@@ -265,7 +265,7 @@ class Driver:
 
     async def _grpo_loop(self) -> None:
         """GRPO steps up to train.steps: rollout, train, push, log, evaluate and checkpoint every k steps."""
-        from cluster.learner_group import LearnerDied
+        from orchestration.learner_group import LearnerDied
 
         cfg = self.cfg
         sampler = self.sampler
@@ -358,7 +358,7 @@ class Driver:
 
         # Serve apps first: they are detached and outlive the driver; the actors die with it anyway.
         if self._runner_judge() is not None:
-            from serve_apps.judge import undeploy_judge
+            from envs.judge_serve import undeploy_judge
 
             undeploy_judge(self.judge)
         if self.pool is not None:
@@ -414,7 +414,7 @@ class Driver:
     def _deploy_judge(self) -> None:
         if self.cfg.reward.backend == "heuristic":
             return
-        from serve_apps.judge import deploy_judge, judge_client
+        from envs.judge_serve import deploy_judge, judge_client
 
         # The runners' envs reach the deployment through its handle, passed to them; the driver itself
         # scores whole groups (group_judge). An in-process judge (source local) stays in the driver.
@@ -438,7 +438,7 @@ class Driver:
 
     def _runner_judge(self) -> Any:
         """What the runner actors get: the deployment's handle; None makes each build its own from config."""
-        from serve_apps.judge import JudgeHandle
+        from envs.judge_serve import JudgeHandle
 
         return self.judge if isinstance(self.judge, JudgeHandle) else None
 
@@ -701,9 +701,9 @@ def main(argv: list[str] | None = None) -> None:
     if not args.run:
         print("preflight passed; add --run to train")
         return
-    from cluster.learner_group import LearnerDied
     from cluster.metrics import dashboard_line, metrics_run
     from cluster.ray_env import ray_session
+    from orchestration.learner_group import LearnerDied
 
     if not args.resume and storage.exists(run):
         storage.delete(run)  # a fresh run leaves nothing from an earlier, checkpoint-less one

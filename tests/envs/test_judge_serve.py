@@ -10,7 +10,7 @@ import pytest
 
 from configs.schema import HttpConfig, RewardConfig
 from envs.judge import Judge
-from serve_apps.judge import JudgeHandle, deploy_judge, judge_client, undeploy_judge
+from envs.judge_serve import JudgeHandle, deploy_judge, judge_client, undeploy_judge
 from tests.conftest import free_port
 from tests.envs.judge_fixtures import ACTION, GROUND_TRUTH, judge_config, task_messages
 from tests.tasks.openai_standin import OpenAIStandin

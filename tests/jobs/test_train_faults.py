@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import ray
 
-from cluster.learner_group import LearnerDied
 from cluster.ray_env import actor_name
 from configs.loader import load_config
 from configs.schema import Config
 from jobs.train import Driver, RunStopped, resume_command
+from orchestration.learner_group import LearnerDied
 from tests.conftest import free_port
 from tests.jobs.test_train import history
 

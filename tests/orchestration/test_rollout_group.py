@@ -19,9 +19,9 @@ import pytest
 from actors.engine_api import EngineError, EngineUnavailable
 from actors.models import load_tokenizer
 from actors.trajectory import Trajectory
-from cluster.rollout_group import RemoteEngine, RolloutGroup, RolloutGroupError, core_slice, cpu_list
 from configs.loader import load_config
 from configs.schema import Config, SamplingConfig
+from orchestration.rollout_group import RemoteEngine, RolloutGroup, RolloutGroupError, core_slice, cpu_list
 from tests.actors.test_engine_conformance import make_adapter
 from tests.conftest import free_port
 

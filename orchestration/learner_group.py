@@ -31,6 +31,7 @@ import tempfile
 import uuid
 from typing import Any
 
+from actors.learner import Learner, as_sft_sample
 from cluster.placement import wait_placed
 from cluster.ray_env import actor_name, remote_class, start_named, wait_name_free
 from configs.schema import Config
@@ -66,8 +67,6 @@ class LearnerGroup:
         import ray
         from ray.util.placement_group import placement_group, placement_group_table
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-        from actors.learner import Learner
 
         if self.actors:
             raise RuntimeError("LearnerGroup.start: already started")
@@ -140,8 +139,6 @@ class LearnerGroup:
 
     async def sft_step(self, samples: list[dict[str, Any]]) -> dict[str, float]:
         """One supervised step over the whole batch, split across the ranks by tokens."""
-        from actors.learner import as_sft_sample
-
         return await self._split_call("sft_step", [as_sft_sample(s, i) for i, s in enumerate(samples)])
 
     async def reset_reference(self) -> str:

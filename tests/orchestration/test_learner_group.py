@@ -12,8 +12,8 @@ from ray.util.placement_group import placement_group_table
 from actors.adapter_io import adapter_state_dict
 from actors.learner import Learner
 from actors.models import load_causal_lm
-from cluster.learner_group import LearnerGroup
 from configs.schema import Config
+from orchestration.learner_group import LearnerGroup
 
 CHOSEN = [1500, 2500, 3500, 4500, 5500, 6500]
 

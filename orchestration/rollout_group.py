@@ -59,7 +59,9 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from actors.engine_api import EngineError, EngineUnavailable, Generation
+from actors.engine_api import EngineError, EngineUnavailable, Generation, choose_backend
+from actors.engines import make_engine
+from actors.models import load_tokenizer
 from actors.trajectory import Trajectory
 from cluster.metrics import ENGINE_POLICY_VERSION, metrics_run, record
 from cluster.placement import wait_placed
@@ -143,9 +145,6 @@ class EngineHost:
 
     async def start(self, local_rank: int, local_count: int) -> dict[str, Any]:
         """Build and start the engine; `local_rank` of `local_count` engines on this node."""
-        from actors.engine_api import choose_backend
-        from actors.engines import make_engine
-
         backend = choose_backend(self.cfg)
         on_cpu = self.cfg.rollout.engine_resources.num_gpus == 0
         cores = core_slice(node_cores(), local_rank, local_count)
@@ -234,7 +233,6 @@ class RunnerHost:
 
     def __init__(self, cfg: Config, engines: list[Any], tool_pool: Any, judge: Any = None) -> None:
         from actors.episode_runner import EpisodeRunner
-        from actors.models import load_tokenizer
 
         self.runner = EpisodeRunner(
             cfg,

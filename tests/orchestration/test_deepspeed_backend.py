@@ -12,10 +12,10 @@ import ray
 import torch
 
 from actors.sharding import DeepspeedBackend, NoShardBackend, make_backend
-from cluster.learner_group import LearnerGroup
 from configs.loader import ConfigError, load_config
 from configs.schema import Config, DeepspeedConfig
-from tests.cluster.test_learner_group import fixed_batch, make_cfg, mean_logprob
+from orchestration.learner_group import LearnerGroup
+from tests.orchestration.test_learner_group import fixed_batch, make_cfg, mean_logprob
 
 requires_deepspeed = pytest.mark.skipif(
     importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed (extra `deepspeed`)"
