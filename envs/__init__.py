@@ -1,7 +1,8 @@
 """The environment: MCPToolEnv (skyrl-gym), tool-call parsing, rewards.
 
-Importing this package registers MCPToolEnv with skyrl-gym, once per process: skyrl-gym's
-`register` raises on a duplicate id, so a second import (or a reload) must not call it again.
+Whoever makes envs through `skyrl_gym.make` calls `register_env()` first (importing this package does
+nothing): it registers MCPToolEnv once per process, since skyrl-gym's `register` raises on a duplicate id.
+Our own runner builds `MCPToolEnv` directly and needs no registration.
 """
 
 from __future__ import annotations
@@ -15,6 +16,3 @@ def register_env() -> None:
 
     if ENV_ID not in registry:
         register(id=ENV_ID, entry_point="envs.mcp_tool_env:MCPToolEnv")
-
-
-register_env()

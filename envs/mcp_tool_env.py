@@ -50,6 +50,7 @@ import logging
 import math
 import threading
 import uuid
+from collections import OrderedDict
 from collections.abc import Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -128,17 +129,28 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
 
 # --------------------------------------------------------------------------- tools of a client
 
-_listings: dict[int, tuple[Any, ToolListing, ToolIndex]] = {}  # id(client) -> (client, listing, index)
+# id(client) -> (client, listing, index), most recently used last. Bounded: a process that makes clients over
+# and over (a test session, a long-lived SkyRL worker) keeps the newest few, not every client it ever made.
+_listings: OrderedDict[int, tuple[Any, ToolListing, ToolIndex]] = OrderedDict()
+_listings_lock = threading.Lock()  # envs step on several threads and loops
+MAX_LISTINGS = 16
 
 
 async def tools_of(client: ToolClient) -> tuple[ToolListing, ToolIndex]:
-    """The client's tool listing and parser index, listed once per client and cached."""
-    hit = _listings.get(id(client))
-    if hit is not None and hit[0] is client:
-        return hit[1], hit[2]
+    """The client's tool listing and parser index, listed once per client and cached (the newest
+    MAX_LISTINGS clients)."""
+    with _listings_lock:
+        hit = _listings.get(id(client))
+        if hit is not None and hit[0] is client:
+            _listings.move_to_end(id(client))
+            return hit[1], hit[2]
     listing = await client.list_tools()
     index = ToolIndex(inventory_from_listing(listing))
-    _listings[id(client)] = (client, listing, index)
+    with _listings_lock:
+        _listings[id(client)] = (client, listing, index)
+        _listings.move_to_end(id(client))
+        while len(_listings) > MAX_LISTINGS:
+            _listings.popitem(last=False)
     return listing, index
 
 

@@ -46,10 +46,11 @@ def main(argv: list[str] | None = None) -> None:
         usage_error(f"{path}: no row {args.row} (the file has {len(rows)})")
     row = rows[args.row]
 
-    import envs  # noqa: F401  (registers MCPToolEnv)
+    import envs
     from envs.mcp_tool_env import MCPToolEnv, run_sync
     from serve_apps.tool_pool import LocalToolPool
 
+    envs.register_env()  # as a SkyRL trainer would, though the env is built directly below
     pool = run_sync(LocalToolPool.create(cfg.tools))
     try:
         try:

@@ -21,7 +21,7 @@ from typing import Any
 import skyrl_gym
 import yaml
 
-import envs  # noqa: F401  (registers MCPToolEnv with skyrl-gym, as a SkyRL user's entry point would)
+import envs
 from envs.parsing import expert_turns
 from tasks.io import read_rows
 
@@ -62,6 +62,7 @@ async def main(config_path: str, rows_path: str, threads: int) -> None:
 
 
 if __name__ == "__main__":
+    envs.register_env()  # as a SkyRL user's entry point does, before skyrl_gym.make
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("env_config")
     parser.add_argument("rows")

@@ -18,6 +18,7 @@ from skyrl_gym.metrics import aggregate_for_environment
 import envs
 from configs.loader import load_config
 from configs.schema import Config, EnvConfig
+from envs import mcp_tool_env
 from envs.mcp_tool_env import MCPToolEnv, run_sync
 from envs.parsing import expert_turns as expert_actions
 from envs.parsing import format_tool_call as hermes
@@ -68,6 +69,7 @@ def client(pool):
 
 
 def make(row: dict, env: dict | None = None, reward: dict | None = None) -> MCPToolEnv:
+    envs.register_env()  # once per process; later calls do nothing
     return skyrl_gym.make("MCPToolEnv", env_config={"env": env or {}, "reward": reward or {}}, extras=row)
 
 
@@ -106,8 +108,9 @@ async def aplay(env: MCPToolEnv, row: dict, actions: list[str]) -> list[dict]:
 
 
 def test_registration_is_idempotent():
-    importlib.reload(envs)  # registers again: must not raise
+    importlib.reload(envs)  # importing registers nothing
     envs.register_env()
+    envs.register_env()  # a second call must not raise
     assert "MCPToolEnv" in skyrl_gym.registry
 
 
@@ -370,3 +373,24 @@ def test_hybrid_calls_the_judge_from_astep(rows):
     out = env.step(expert_actions(row)[0])
     assert out["reward"] == pytest.approx(0.75 * 1.0 + 0.25 * 0.5)
     assert seen[0][0] == seen[0][1] == expert_actions(row)[0]  # the judged action is the history's last turn
+
+
+def test_tool_listings_are_cached_per_client_and_bounded():
+    """`tools_of` lists a client once while it is among the newest MAX_LISTINGS; older ones are dropped."""
+
+    class Counting:
+        def __init__(self) -> None:
+            self.listed = 0
+
+        async def list_tools(self) -> dict:
+            self.listed += 1
+            return {"polygon": []}
+
+    clients = [Counting() for _ in range(mcp_tool_env.MAX_LISTINGS + 4)]
+    for c in clients:
+        run_sync(mcp_tool_env.tools_of(c))
+    run_sync(mcp_tool_env.tools_of(clients[-1]))
+    assert clients[-1].listed == 1  # cached
+    assert len(mcp_tool_env._listings) <= mcp_tool_env.MAX_LISTINGS
+    run_sync(mcp_tool_env.tools_of(clients[0]))
+    assert clients[0].listed == 2  # dropped as the oldest, so listed again
