@@ -244,7 +244,7 @@ class Driver:
     async def _resume(self, ckpt: str) -> None:
         """The learner's state, the step, the policy version and the evaluations from `ckpt`; the policy
         goes to the engines. After a warm start the checkpoint's adapters include the KL reference's (the
-        warm-started policy; actors/learner.py), so nothing is read from <run>/sft."""
+        warm-started policy; actors/learner/), so nothing is read from <run>/sft."""
         extra = await self.learner.load_checkpoint(ckpt)
         self.step, self.version = int(extra["step"]), int(extra["version"])
         self.evals = dict(extra.get("evals", {}))

@@ -1,4 +1,4 @@
-"""The learner group on Ray: `learner.workers` Learner actors (actors/learner.py) in one placement group.
+"""The learner group on Ray: `learner.workers` Learner actors (actors/learner/) in one placement group.
 
 - Placement: one bundle of `learner.worker_resources` (CPUs, GPUs, accelerator type, custom resources) per
   rank, PACKed in one placement group: on one node when they fit, spread over the fewest nodes otherwise.
