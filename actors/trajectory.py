@@ -147,5 +147,23 @@ class Trajectory:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def to_sample(self, advantage: float = 0.0, *, ppo: bool = False) -> dict[str, Any]:
+        """The learner's sample of this episode, for GRPO, PPO and SFT alike: a plain dict of
+        grpo.batch.Sample's fields (it crosses Ray as it is; the learner validates it with `as_sample`).
+        `advantage`: the episode's (GRPO; SFT and PPO's per-token advantages do not read it). `ppo`: with
+        `token_rewards`, each turn's reward on its last generated token (grpo.gae.token_rewards)."""
+        sample: dict[str, Any] = {
+            "prompt_ids": list(self.prompt_ids),
+            "response_ids": list(self.response_ids),
+            "loss_mask": list(self.loss_mask),
+            "rollout_logprobs": list(self.rollout_logprobs),
+            "advantage": float(advantage),
+        }
+        if ppo:
+            from grpo.gae import token_rewards  # torch: only where samples are made, not wherever trajectories are
+
+            sample["token_rewards"] = token_rewards(self.loss_mask, self.turn_rewards, self.reward)
+        return sample
+
 
 __all__ = ["FINISH_REASONS", "FinishReason", "Trajectory"]

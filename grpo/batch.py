@@ -36,7 +36,7 @@ class Sample:
         return len(self.prompt_ids) + len(self.response_ids)
 
 
-def as_sample(x: Sample | Mapping, index: int | None = None) -> Sample:
+def as_sample(x: Sample | Mapping, index: int | None = None, *, supervised: bool = False) -> Sample:
     """A validated Sample from a Sample or a mapping with Sample's keys (extra keys are ignored).
 
     Checks: the four lists are present and are lists/tuples, the prompt is not empty (the first
@@ -44,11 +44,14 @@ def as_sample(x: Sample | Mapping, index: int | None = None) -> Sample:
     long as response_ids, as are rollout_logprobs (finite) and token_rewards (optional, PPO; finite),
     and advantage is finite. Errors name
     `index` (the sample's position in the caller's list) and the field.
+    `supervised` (SFT, which reads neither): a mapping may leave out rollout_logprobs (then 0.0) and advantage.
     """
     where = f"sample {index}" if index is not None else "sample"
     if isinstance(x, Sample):
         values = {k: getattr(x, k) for k in (*_FIELDS, "advantage")}
     elif isinstance(x, Mapping):
+        if supervised and "rollout_logprobs" not in x and isinstance(x.get("response_ids"), list | tuple):
+            x = {**x, "rollout_logprobs": [0.0] * len(x["response_ids"])}
         missing = [k for k in _FIELDS if k not in x]
         if missing:
             raise ValueError(f"{where}: missing field(s) {', '.join(missing)}")

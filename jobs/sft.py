@@ -87,17 +87,6 @@ def batch_order(n: int, batch_size: int, steps: int, seed: int) -> list[list[int
     return out
 
 
-def to_sample(traj: Any) -> dict[str, Any]:
-    """A learner sample from a trajectory (advantage 1.0: SFT ignores it; the field keeps one sample shape)."""
-    return {
-        "prompt_ids": list(traj.prompt_ids),
-        "response_ids": list(traj.response_ids),
-        "loss_mask": list(traj.loss_mask),
-        "rollout_logprobs": list(traj.rollout_logprobs),
-        "advantage": 1.0,
-    }
-
-
 def build_expert_trajectories(cfg: Config, rows: list[dict], tokenizer: Any) -> tuple[list[Any], dict[str, Any]]:
     """Expert trajectories and their stats, played against an offline LocalToolPool of the configured servers."""
     from actors.expert import expert_trajectories
@@ -114,9 +103,9 @@ def build_expert_trajectories(cfg: Config, rows: list[dict], tokenizer: Any) -> 
 
 
 def warm_start_samples(cfg: Config, rows: list[dict]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """The warm start's learner samples (`to_sample` of each playable row's expert trajectory, in row
-    order) and the expert play's stats (see `actors.expert.expert_trajectories`). Used by `run_sft` and
-    by the GRPO driver's warm start (jobs/train.py). Raises SftInputError for input it cannot train on."""
+    """The warm start's learner samples (`Trajectory.to_sample` of each playable row's expert trajectory,
+    in row order) and the expert play's stats (see `actors.expert.expert_trajectories`). Used by `run_sft`
+    and by the GRPO driver's warm start (jobs/train.py). Raises SftInputError for input it cannot train on."""
     from actors.expert import check_rows
     from actors.models import load_tokenizer
 
@@ -135,7 +124,7 @@ def warm_start_samples(cfg: Config, rows: list[dict]) -> tuple[list[dict[str, An
         raise SftInputError(f"no expert trajectory could be played ({len(rows)} rows, all skipped): {reasons}")
     for t in trajs:
         t.check(cfg.rollout.max_total_tokens)
-    return [to_sample(t) for t in trajs], stats
+    return [t.to_sample() for t in trajs], stats
 
 
 def run_sft(cfg: Config, rows: list[dict], out_dir: str | Path, *, progress: bool = True) -> dict[str, Any]:

@@ -122,23 +122,6 @@ def succeeded(traj: Any) -> bool:
     return bool(traj.tool_stats.get("task_complete"))
 
 
-def to_samples(trajs: list[Any], advantages: list[float], ppo: bool = False) -> list[dict[str, Any]]:
-    """The learner's samples; `ppo`: with each turn's reward on its last generated token (grpo.gae)."""
-    from grpo.gae import token_rewards
-
-    return [
-        {
-            "prompt_ids": t.prompt_ids,
-            "response_ids": t.response_ids,
-            "loss_mask": t.loss_mask,
-            "rollout_logprobs": t.rollout_logprobs,
-            "advantage": float(a),
-            **({"token_rewards": token_rewards(t.loss_mask, t.turn_rewards, t.reward)} if ppo else {}),
-        }
-        for t, a in zip(trajs, advantages, strict=True)
-    ]
-
-
 class Driver:
     """Owns the run's actors and state; `run()` is the whole job."""
 
@@ -492,7 +475,8 @@ class Driver:
                 adv = advantages.tolist()
         metrics.update({f"adv/{k}": float(v) for k, v in adv_stats.items()})
         with self.tracker.phase("train"):
-            train = await self.learner.train_step(to_samples(kept, adv, ppo=ppo))
+            samples = [t.to_sample(a, ppo=ppo) for t, a in zip(kept, adv, strict=True)]
+            train = await self.learner.train_step(samples)
         metrics.update({f"train/{k}": float(v) for k, v in train.items()})
         with self.tracker.phase("sync"):
             push = await self._push_next()

@@ -31,7 +31,7 @@ import tempfile
 import uuid
 from typing import Any
 
-from actors.learner import Learner, as_sft_sample
+from actors.learner import Learner
 from cluster.placement import wait_placed
 from cluster.ray_env import actor_name, remote_class, start_named, wait_name_free
 from configs.schema import Config
@@ -139,7 +139,9 @@ class LearnerGroup:
 
     async def sft_step(self, samples: list[dict[str, Any]]) -> dict[str, float]:
         """One supervised step over the whole batch, split across the ranks by tokens."""
-        return await self._split_call("sft_step", [as_sft_sample(s, i) for i, s in enumerate(samples)])
+        from grpo.batch import as_sample
+
+        return await self._split_call("sft_step", [as_sample(s, i, supervised=True) for i, s in enumerate(samples)])
 
     async def reset_reference(self) -> str:
         """The KL reference becomes the policy as it is now (after the warm start); returns its kind."""

@@ -27,7 +27,7 @@ from actors.learner.collectives import Collectives
 from actors.learner.forward import ForwardPasses
 from actors.learner.model import VALUE_HEAD, PolicyModels
 from actors.learner.state import CheckpointError, StateIO
-from actors.learner.steps import TrainingSteps, as_sft_sample
+from actors.learner.steps import TrainingSteps
 from configs.schema import Config
 
 if TYPE_CHECKING:
@@ -153,4 +153,4 @@ class Learner(TrainingSteps, ForwardPasses, PolicyModels, StateIO, Collectives):
             raise RuntimeError("Learner: call setup() first")
 
 
-__all__ = ["CheckpointError", "Learner", "as_sft_sample"]
+__all__ = ["CheckpointError", "Learner"]

@@ -124,11 +124,12 @@ class TrainingSteps:
         start clean; that optimizer is dropped at the first `train_step`. Returns sft_loss (the mean NLL
         before the step, all ranks), grad_norm, tokens, samples, step_time_s, tokens_per_s.
         """
+        from grpo.batch import as_sample
         from grpo.losses import sft_loss
 
         self._require_setup()
         t0 = time.monotonic()
-        batch = [as_sft_sample(s, i) for i, s in enumerate(samples)]
+        batch = [as_sample(s, i, supervised=True) for i, s in enumerate(samples)]
         if self._sft_optimizer is None:
             self._sft_optimizer = self._adamw(self.cfg.sft_warmup.lr)
         normalizer = self._all_reduce_sum([float(sum(sum(s.loss_mask) for s in batch))])[0]
@@ -312,15 +313,6 @@ class TrainingSteps:
         metrics = {k: reduced[i] / reduced[n + i] if reduced[n + i] else 0.0 for i, k in enumerate(keys)}
         metrics["tokens"] = reduced[n + keys.index("policy_loss")] if "policy_loss" in keys else 0.0
         return metrics
-
-
-def as_sft_sample(x: Any, index: int | None = None) -> Sample:
-    """grpo.batch.as_sample for supervised data: rollout_logprobs and advantage may be left out (unused)."""
-    from grpo.batch import as_sample
-
-    if isinstance(x, dict) and "rollout_logprobs" not in x and isinstance(x.get("response_ids"), list | tuple):
-        x = {**x, "rollout_logprobs": [0.0] * len(x["response_ids"])}
-    return as_sample(x, index)
 
 
 def _accumulate(sums: dict[str, float], weights: dict[str, float], values: dict[str, float], weight: float) -> None:

@@ -222,13 +222,11 @@ def test_rows_without_tool_sequence_are_bad_input(rows, tokenizer):
 
 
 def test_samples_train_only_the_expert_turns_and_solve_the_tasks(rows, tokenizer, client):
-    from jobs.sft import to_sample
-
     tmpl = ChatTemplate(tokenizer)
     trajs, _ = play(config(), rows, tokenizer)
     for t, row in zip(trajs, rows, strict=True):
         assert t.tool_stats["reward/outcome"] > 0 and t.tool_stats["task_complete"] == 1.0
-        sample = to_sample(t)
+        sample = t.to_sample()
         ids, mask = sample["response_ids"], sample["loss_mask"]
         trained = [i for i, m in zip(ids, mask, strict=True) if m]
         context = [i for i, m in zip(ids, mask, strict=True) if not m]

@@ -48,6 +48,13 @@ def test_as_sample_accepts_dicts_and_ignores_extra_keys() -> None:
     assert as_sample(ppo | {"token_rewards": [1, 0.0]}).token_rewards == [1.0, 0.0]  # PPO's per-token rewards
 
 
+def test_supervised_samples_may_leave_out_what_sft_does_not_read() -> None:
+    demo = {"prompt_ids": [1], "response_ids": [2, 3], "loss_mask": [1, 0]}
+    assert as_sample(demo, supervised=True) == Sample([1], [2, 3], [1, 0], [0.0, 0.0], 0.0)
+    with pytest.raises(ValueError, match="sample 4: missing field"):
+        as_sample(demo, 4)  # RL needs the engine's logprobs
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [

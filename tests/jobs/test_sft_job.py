@@ -93,14 +93,14 @@ def test_run_sft_learns_and_saves_an_adapter_the_engines_load(rows, tmp_path):
     from actors.adapter_io import read_adapter
     from actors.hf_engine import HFEngine
     from actors.models import load_causal_lm, load_tokenizer
-    from jobs.sft import build_expert_trajectories, to_sample
+    from jobs.sft import build_expert_trajectories
 
     # The rows that fit the short budget, played once here: each step then trains on exactly them.
     cfg = tiny_cfg()
     trajs, stats = build_expert_trajectories(cfg, rows, load_tokenizer(cfg.model))
     playable = [rows[t.group_id] for t in trajs]
     assert len(playable) >= 2 and stats["skipped"] == len(rows) - len(playable)
-    samples = [to_sample(t) for t in trajs]
+    samples = [t.to_sample() for t in trajs]
     cfg.sft_warmup.batch_size = len(playable)
 
     out = tmp_path / "adapter"
