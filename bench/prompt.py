@@ -27,13 +27,12 @@ TOOL_FORMATS = ("json", "compact")
 
 async def prompt_tasks(cfg: Config) -> tuple[list[Any], dict[str, list[dict[str, Any]]]]:
     """The config's rule tasks (as TaskRows) and the tool listing of its servers, all offline."""
-    from jobs.generate_tasks import offline_tools
     from serve_apps.tool_pool import LocalToolPool
     from tasks.generators import get_generator
     from tasks.generators.options import GenerateOptions
     from tasks.schema import TaskRow
 
-    pool = await LocalToolPool.create(offline_tools(cfg.tools))
+    pool = await LocalToolPool.create(cfg.tools.offline())
     try:
         listing = await pool.list_tools()
         rows = await get_generator("rule")(cfg, GenerateOptions.from_config(cfg, splits={}), pool)

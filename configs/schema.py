@@ -6,9 +6,12 @@ Every model forbids unknown keys, so a typo fails at load time with the key's pa
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+log = logging.getLogger(__name__)
 
 
 class Strict(BaseModel):
@@ -248,10 +251,30 @@ class HttpConfig(Strict):
     )
 
 
+# Offline play's python timeout: its programs are tiny, but a busy machine can take seconds to start a sandbox.
+OFFLINE_PYTHON_TIMEOUT_S = 30.0
+
+
 class ToolsConfig(Strict):
     servers: BuiltinServers = Field(default_factory=BuiltinServers)
     external: list[ExternalServer] = Field(default_factory=list)
     http: HttpConfig = Field(default_factory=HttpConfig)
+
+    def offline(self) -> ToolsConfig:
+        """A copy for play that must not reach out nor leave traces (task generation, the warm start's
+        expert play): every built-in server that mirrors a paid API on its offline backend, Slack's
+        workspace fresh in memory (never a shared db file), and the python tool's timeout at least
+        OFFLINE_PYTHON_TIMEOUT_S."""
+        tools = self.model_copy(deep=True)
+        for name in type(tools.servers).model_fields:
+            server = getattr(tools.servers, name)
+            if isinstance(server, LiveService) and server.backend != "offline":
+                log.info("offline play uses %s's offline backend (the config says %s)", name, server.backend)
+                server.backend = "offline"
+            if isinstance(server, SlackConfig):
+                server.db_path = ""
+        tools.servers.python.timeout_s = max(tools.servers.python.timeout_s, OFFLINE_PYTHON_TIMEOUT_S)
+        return tools
 
     @model_validator(mode="after")
     def _unique_names(self) -> ToolsConfig:

@@ -37,7 +37,7 @@ from pydantic import ValidationError
 
 from cluster import storage
 from configs.loader import ConfigError, apply_openai_env
-from configs.schema import Config, LiveService, SlackConfig, ToolsConfig
+from configs.schema import Config
 from jobs.cli import base_parser, setup, usage_error
 from tasks.generators import METHODS, GeneratorUnavailable, get_generator
 from tasks.generators.options import GenerateOptions, GenerationError
@@ -46,7 +46,6 @@ from tasks.io import FORMATS, TaskFileError, write_rows
 
 log = logging.getLogger("generate_tasks")
 MAX_REJECTIONS_SHOWN = 20
-GENERATION_PYTHON_TIMEOUT_S = 30.0
 
 # option dest → (environment variable, config key under `generation`)
 KNOBS = {
@@ -136,22 +135,6 @@ def _assign(section: Any, key: str, value: Any, source: str) -> None:
         raise GenerationError(f"{source}: {problems}") from None
 
 
-def offline_tools(tools: ToolsConfig) -> ToolsConfig:
-    """The tools config with every built-in server offline and Slack in memory: answers come from the
-    deterministic simulation, and generating never posts into a real or shared workspace."""
-    tools = tools.model_copy(deep=True)
-    for name in type(tools.servers).model_fields:
-        server = getattr(tools.servers, name)
-        if isinstance(server, LiveService) and server.backend != "offline":
-            log.info("generation uses %s's offline backend (the config says %s)", name, server.backend)
-            server.backend = "offline"
-        if isinstance(server, SlackConfig):
-            server.db_path = ""
-    # Generated programs are tiny, but a busy machine can take seconds to start a sandbox.
-    tools.servers.python.timeout_s = max(tools.servers.python.timeout_s, GENERATION_PYTHON_TIMEOUT_S)
-    return tools
-
-
 def output_paths(out: Path, splits: dict[str, float]) -> dict[str | None, Path]:
     if not splits:
         return {None: out}
@@ -165,7 +148,7 @@ async def run(args: argparse.Namespace, cfg: Config) -> int:
 
     out = Path(args.out)
     generate = get_generator(args.method)  # fails early (exit 2) when the method cannot be imported
-    tools = offline_tools(cfg.tools)
+    tools = cfg.tools.offline()
     try:
         pool = await LocalToolPool.create(tools)
     except Exception as e:  # an external server that cannot start: say which, no traceback

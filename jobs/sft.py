@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from cluster import storage
-from configs.schema import Config, ToolsConfig
+from configs.schema import Config
 from jobs.cli import base_parser, setup, usage_error
 from tasks.io import FORMATS, TaskFileError, read_rows
 
@@ -46,18 +46,6 @@ SUMMARY_FILE = "sft_summary.json"
 
 class SftInputError(ValueError):
     """The warm start cannot run on this input (the message says what to fix)."""
-
-
-def offline_tools(tools: ToolsConfig) -> ToolsConfig:
-    """`tools` (a ToolsConfig) with every built-in server that mirrors a paid API on its offline backend."""
-    servers = tools.servers.model_copy(
-        update={
-            name: getattr(tools.servers, name).model_copy(update={"backend": "offline"})
-            for name in type(tools.servers).model_fields
-            if hasattr(getattr(tools.servers, name), "backend")
-        }
-    )
-    return tools.model_copy(update={"servers": servers})
 
 
 def sft_config(cfg: Config) -> Config:
@@ -94,7 +82,7 @@ def build_expert_trajectories(cfg: Config, rows: list[dict], tokenizer: Any) -> 
     from serve_apps.tool_pool import LocalToolPool
 
     stats: dict[str, Any] = {}
-    pool = run_sync(LocalToolPool.create(offline_tools(cfg.tools)))
+    pool = run_sync(LocalToolPool.create(cfg.tools.offline()))
     try:
         trajs = run_sync(expert_trajectories(cfg, rows, tokenizer, pool, stats=stats))
     finally:

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from configs.loader import CONFIG_DIR, ConfigError, dump_config, load_config, load_dotenv_file, parse_override
+from configs.schema import OFFLINE_PYTHON_TIMEOUT_S
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -20,6 +21,26 @@ def test_defaults_are_offline_and_loopback():
     assert cfg.tools.servers.polygon.backend == "offline"
     assert cfg.tools.http.host == "127.0.0.1"
     assert cfg.model.name == "tiny-random"
+
+
+def test_offline_tools_reach_nothing_outside_and_leave_no_traces():
+    """Task generation and the warm start's expert play both play on `tools.offline()`."""
+    cfg = load_config(
+        None,
+        [
+            "tools.servers.polygon.backend=live",
+            "tools.servers.slack.db_path=/tmp/shared.db",
+            "tools.servers.python.timeout_s=5",
+        ],
+    )
+    tools = cfg.tools.offline()
+    assert all(getattr(tools.servers, n).backend == "offline" for n in ("polygon", "fmp", "tavily", "slack"))
+    assert tools.servers.slack.db_path == ""  # a fresh in-memory workspace
+    assert tools.servers.python.timeout_s == OFFLINE_PYTHON_TIMEOUT_S  # raised, never lowered
+    assert cfg.tools.offline().servers.python.timeout_s == OFFLINE_PYTHON_TIMEOUT_S
+    assert load_config(None, ["tools.servers.python.timeout_s=90"]).tools.offline().servers.python.timeout_s == 90
+    # the caller's config is untouched
+    assert (cfg.tools.servers.polygon.backend, cfg.tools.servers.slack.db_path) == ("live", "/tmp/shared.db")
 
 
 @pytest.mark.parametrize("path", sorted(CONFIG_DIR.glob("*.yaml")), ids=lambda p: p.name)

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from configs.schema import Config, SamplingConfig
-from jobs.sft import SUMMARY_FILE, batch_order, main, offline_tools, run_sft, sft_config
+from jobs.sft import SUMMARY_FILE, batch_order, main, run_sft, sft_config
 from tasks.io import read_rows, write_rows
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,10 +68,9 @@ def test_batch_order_cycles_through_a_seeded_shuffle():
     assert order == batch_order(5, 3, 4, seed=7) and order != batch_order(5, 3, 4, seed=8)
 
 
-def test_sft_config_and_offline_tools():
+def test_sft_config_runs_the_warm_start_optimiser():
     cfg = Config()
     cfg.learner.optim.warmup_steps, cfg.learner.optim.schedule = 5, "cosine"
-    cfg.tools.servers.polygon.backend = "live"
     s = sft_config(cfg)
     assert (s.learner.optim.lr, s.learner.optim.warmup_steps, s.learner.optim.schedule) == (
         cfg.sft_warmup.lr,
@@ -79,9 +78,6 @@ def test_sft_config_and_offline_tools():
         "constant",
     )
     assert cfg.learner.optim.schedule == "cosine"  # the caller's config is untouched
-    tools = offline_tools(cfg.tools)
-    assert all(getattr(tools.servers, n).backend == "offline" for n in ("polygon", "fmp", "tavily", "slack"))
-    assert cfg.tools.servers.polygon.backend == "live"
 
 
 # --------------------------------------------------------------------------- the warm start
