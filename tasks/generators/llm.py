@@ -43,7 +43,7 @@ import math
 import random
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -577,18 +577,33 @@ async def _one_sample(
     return row
 
 
-async def generate_with_report(
-    cfg: Config, opts: GenerateOptions, pool: Any
-) -> tuple[list[dict[str, Any]], GenerationReport]:
-    """`generate`, with the report of what was skipped and the tokens spent."""
-    return await propose_tasks(cfg, opts, pool, method="llm", servers=opts.domains, focus="random")
+@dataclass(frozen=True)
+class ModelGenerator:
+    """A generator whose tasks the model writes (`llm`, `mcp`): its method name, the option naming the
+    servers it asks about, and how each sample's focus tool is picked (see `plan_samples`)."""
+
+    method: str
+    servers: Callable[[GenerateOptions], Sequence[str]]
+    focus: Literal["random", "round_robin"]
+
+    async def generate_with_report(
+        self, cfg: Config, opts: GenerateOptions, pool: Any
+    ) -> tuple[list[dict[str, Any]], GenerationReport]:
+        """`generate`, with the report of what was skipped and the tokens spent."""
+        return await propose_tasks(cfg, opts, pool, method=self.method, servers=self.servers(opts), focus=self.focus)
+
+    async def generate(self, cfg: Config, opts: GenerateOptions, pool: Any) -> list[dict[str, Any]]:
+        """Up to `opts.n` candidate rows written by the model for the tools of the chosen servers
+        (() = all in the pool); what was skipped is logged."""
+        rows, report = await self.generate_with_report(cfg, opts, pool)
+        log_report(report)
+        return rows
 
 
-async def generate(cfg: Config, opts: GenerateOptions, pool: Any) -> list[dict[str, Any]]:
-    """Up to `opts.n` candidate rows written by the model for the tools of `opts.domains` (() = all)."""
-    rows, report = await generate_with_report(cfg, opts, pool)
-    log_report(report)
-    return rows
+# `llm`: the tools of `opts.domains`, each sample's focus tool drawn at random.
+LLM = ModelGenerator("llm", lambda opts: opts.domains, "random")
+generate_with_report = LLM.generate_with_report
+generate = LLM.generate
 
 
 def log_report(report: GenerationReport) -> None:

@@ -13,22 +13,9 @@ task takes the tools in turn, so every tool of a server gets tasks.
 
 from __future__ import annotations
 
-from typing import Any
+from tasks.generators.llm import ModelGenerator
 
-from configs.schema import Config
-from tasks.generators.llm import GenerationReport, log_report, propose_tasks
-from tasks.generators.options import GenerateOptions
-
-
-async def generate_with_report(
-    cfg: Config, opts: GenerateOptions, pool: Any
-) -> tuple[list[dict[str, Any]], GenerationReport]:
-    """`generate`, with the report of what was skipped and the tokens spent."""
-    return await propose_tasks(cfg, opts, pool, method="mcp", servers=opts.servers, focus="round_robin")
-
-
-async def generate(cfg: Config, opts: GenerateOptions, pool: Any) -> list[dict[str, Any]]:
-    """Up to `opts.n` candidate rows for the tools of `opts.servers` (() = all servers in the pool)."""
-    rows, report = await generate_with_report(cfg, opts, pool)
-    log_report(report)
-    return rows
+# The focus tool takes the tools of `opts.servers` in turn, so every tool of a server gets tasks.
+MCP = ModelGenerator("mcp", lambda opts: opts.servers, "round_robin")
+generate_with_report = MCP.generate_with_report
+generate = MCP.generate
