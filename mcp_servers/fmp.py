@@ -21,6 +21,7 @@ from configs.schema import LiveService
 from mcp_servers import market_data as md
 from mcp_servers.errors import InvalidArguments
 from mcp_servers.http_api import HttpApi
+from mcp_servers.mirror import mirror_server
 
 DEFAULT_BASE_URL = "https://financialmodelingprep.com"
 
@@ -166,12 +167,13 @@ class Live:
 
 
 def build(cfg: LiveService | None = None) -> FastMCP:
-    cfg = cfg or LiveService()
-    backend: Backend = Live(cfg) if cfg.backend == "live" else Offline()
-    mcp = FastMCP(
-        "fmp", instructions="Company fundamentals from Financial Modeling Prep: profile, income statements, ratios."
+    mcp, backend, read_only = mirror_server(
+        "fmp",
+        "Company fundamentals from Financial Modeling Prep: profile, income statements, ratios.",
+        cfg,
+        Live,
+        Offline,
     )
-    read_only = {"readOnlyHint": True, "openWorldHint": cfg.backend == "live"}
 
     @mcp.tool(annotations=read_only)
     async def company_profile(symbol: Symbol) -> dict[str, Any]:

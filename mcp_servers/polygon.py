@@ -19,6 +19,7 @@ from configs.schema import LiveService
 from mcp_servers import market_data as md
 from mcp_servers.errors import InvalidArguments
 from mcp_servers.http_api import HttpApi
+from mcp_servers.mirror import mirror_server
 
 DEFAULT_BASE_URL = "https://api.polygon.io"
 MAX_RANGE_DAYS = 366  # one call returns at most about a year of daily bars (keeps observations short)
@@ -152,12 +153,9 @@ def _parse_day(value: str, field: str) -> date:
 
 
 def build(cfg: LiveService | None = None) -> FastMCP:
-    cfg = cfg or LiveService()
-    backend: Backend = Live(cfg) if cfg.backend == "live" else Offline()
-    mcp = FastMCP(
-        "polygon", instructions="US stock prices from Polygon.io: previous close, daily bars, company details."
+    mcp, backend, read_only = mirror_server(
+        "polygon", "US stock prices from Polygon.io: previous close, daily bars, company details.", cfg, Live, Offline
     )
-    read_only = {"readOnlyHint": True, "openWorldHint": cfg.backend == "live"}
 
     @mcp.tool(annotations=read_only)
     async def previous_close(ticker: Ticker) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from pydantic import Field
 from configs.schema import LiveService
 from mcp_servers import market_data as md
 from mcp_servers.http_api import HttpApi
+from mcp_servers.mirror import mirror_server
 
 DEFAULT_BASE_URL = "https://api.tavily.com"
 MAX_RAW_CONTENT = 6000  # characters of an extracted page kept (observations must stay short)
@@ -213,10 +214,9 @@ class Live:
 
 
 def build(cfg: LiveService | None = None) -> FastMCP:
-    cfg = cfg or LiveService()
-    backend: Backend = Live(cfg) if cfg.backend == "live" else Offline()
-    mcp = FastMCP("tavily", instructions="Web search and page extraction through Tavily.")
-    read_only = {"readOnlyHint": True, "openWorldHint": cfg.backend == "live"}
+    mcp, backend, read_only = mirror_server(
+        "tavily", "Web search and page extraction through Tavily.", cfg, Live, Offline
+    )
 
     @mcp.tool(annotations=read_only)
     async def search(
