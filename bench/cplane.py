@@ -6,7 +6,7 @@
    server is deployed, redeployed at each point.
 2. The control plane toward cluster size (`scale.in_flight`): the training job's rollout path with the
    model taken out. Scripted engine actors (`bench.doubles.expert_engine`: each turn is the task's expert
-   action after `cplane.gen_ms`), one runner actor (`orchestration.rollout_group.RunnerHost`, as the job starts
+   action after `cplane.gen_ms`), one runner actor (`orchestration.rollout_actors.RunnerHost`, as the job starts
    it, over `RemoteEngine`s of every engine) and the Serve tool pool deployed by `deploy_pool` as the job
    does (the offline servers). N episodes in flight play `cplane.rounds` x N episodes of rule tasks; one
    episode at a time is the reference. Per point: episodes/s (the driver's wall, trajectories shipped
@@ -34,7 +34,7 @@ from rich.console import Console
 
 from bench.options import BenchOptions
 from bench.results import Curve, Row, Spread, SuiteResult, spread
-from orchestration.rollout_group import RunnerHost
+from orchestration.rollout_actors import RunnerHost
 
 QUICK_REPLICAS = [1, 2]
 QUICK_IN_FLIGHT = [10, 50]

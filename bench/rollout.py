@@ -161,7 +161,7 @@ async def bench_engines(console: Console, sizes: Sizes, repeats: int, backends: 
     """HF vs vLLM: tokens/s on the same prompts (the batch `repeats` times), and LoRA adapter swap latency."""
     from actors.models import load_tokenizer
     from configs.schema import SamplingConfig
-    from orchestration.rollout_group import cpu_list, node_cores
+    from orchestration.cpu_pinning import cpu_list, node_cores
 
     cfg = Config.model_validate(
         {
@@ -274,7 +274,7 @@ async def bench_push_modes(console: Console, sizes: Sizes, repeats: int) -> dict
     from actors.learner import Learner
     from actors.models import load_tokenizer
     from configs.schema import SamplingConfig
-    from orchestration.rollout_group import cpu_list, node_cores
+    from orchestration.cpu_pinning import cpu_list, node_cores
 
     cfg = Config.model_validate(
         {

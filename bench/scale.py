@@ -251,7 +251,7 @@ async def vllm_modes(s: ScaleOptions, repeats: int, console: Console) -> dict[st
     """Sweep 2: one vLLM engine; `repeats` rounds of async and lockstep, the first mode alternating."""
     from actors.models import load_tokenizer
     from actors.vllm_engine import VLLMEngine
-    from orchestration.rollout_group import cpu_list, node_cores
+    from orchestration.cpu_pinning import cpu_list, node_cores
     from serve_apps.tool_pool import LocalToolPool
 
     cfg = vllm_config(s)

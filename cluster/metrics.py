@@ -13,7 +13,7 @@ Who records what, where the number is produced:
 - the step figures (`STEP_FIGURES`: tokens/s, episodes/s, reward, KL, step time, sync latency, ...):
   gauges tagged run, set by the driver (`jobs.tracking.Tracker.log` → `record_step`);
 - `mcprl_engine_policy_version`: a gauge tagged run, engine, set by each engine actor after it starts
-  and after each weight load (`orchestration.rollout_group.EngineHost`);
+  and after each weight load (`orchestration.rollout_actors.EngineHost`);
 - `mcprl_tool_latency_s` (a histogram, tagged run, server, tool) and `mcprl_tool_errors` (a counter,
   tagged run, server, tool, kind: the result's `error_kind`): every call through a `ToolHost`, so in
   the Serve replica that ran it.

@@ -6,33 +6,18 @@
     await group.push_adapter(v, ray.put(adapter))
     await group.shutdown()
 
-Actors:
-- `EngineHost` (E of them): builds `make_engine(cfg)` inside the actor and starts it there, so the
-  model (and vLLM's engine-core process) lives with the actor. Each engine reserves
-  `rollout.engine_resources` in a placement group of its own (named like the actor): the group holds
-  the engine's node and resources, so an engine restarted after a crash comes back there, on the same
-  core slice, and a multi-GPU engine can later take several bundles. On CPU, engines placed on the
-  same node share its cores: vLLM engine k of n gets its own slice in `VLLM_CPU_OMP_THREADS_BIND`
-  (else every engine pins its worker to CPU 0); an HF engine sets `torch.set_num_threads(cores // n)`
-  (Ray sets OMP_NUM_THREADS=1 for actors with fractional CPUs, which would leave torch on one thread).
-- `RunnerHost` (R of them, each reserving `rollout.runner_resources`): an `EpisodeRunner` over
-  `RemoteEngine` wrappers of ALL engines, so each runner routes episodes least-loaded across every
-  engine and fails over when one dies. Its environments reach the tools through the `ServeToolPool`
-  given to the group and the judge through the judge deployment's handle (Serve handles pickle);
-  both are passed to the runner explicitly, nothing is registered in module globals. With no judge
-  given (an in-process judge does not pickle), each runner builds its own from `reward.judge`.
+The actors (`EngineHost`, `RunnerHost`, and the `RemoteEngine` wrapper the runners use) are in
+orchestration/rollout_actors.py, their CPU pinning in orchestration/cpu_pinning.py, and the policy pushes
+(`push_adapter`, `push_weights`, through the object store) in orchestration/policy_push.py. This file
+places, starts, restarts and stops them, and splits the rollouts across the runners.
 
-Weights travel through the object store once: the driver `ray.put`s an adapter (or weight chunks)
-and every engine reads the same object. `push_adapter` passes the ref as a top-level argument, so
-Ray resolves it before the engine's method runs (an adapter is small and needed whole; the fetch
-is part of the latency we measure from here). `push_weights` passes the chunk refs inside a list,
-which Ray does not resolve: the engine awaits them one at a time (`update_weights` awaits
-awaitable chunks), so a large model never sits in one engine twice.
+Placement: each engine reserves `rollout.engine_resources` in a placement group of its own (named like
+the actor): the group holds the engine's node and resources, so an engine restarted after a crash comes
+back there, on the same core slice, and a multi-GPU engine can later take several bundles. Each runner
+reserves `rollout.runner_resources`.
 
 Faults: an engine actor that dies is marked dead here (and by each runner on its own failed
-request); its episodes restart on another engine (see actors/episode_runner.py). Pushes skip
-engines known dead and report them; a live engine that fails to load, or reports another version
-afterwards, is an error naming that engine.
+request); its episodes restart on another engine (see actors/episode_runner.py).
 
 Restarts: at the end of every `run` (which pings each engine) and every push, and at the start of
 each, a dead engine actor is started again under its name (`mcprl:<run>:engine-<i>`, free once
@@ -53,20 +38,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import time
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from actors.engine_api import EngineError, EngineUnavailable, Generation, choose_backend
-from actors.engines import make_engine
-from actors.models import load_tokenizer
 from actors.trajectory import Trajectory
-from cluster.metrics import ENGINE_POLICY_VERSION, metrics_run, record
 from cluster.placement import wait_placed
 from cluster.ray_env import actor_name, ensure_name_free, remote_class, start_named, wait_name_free
 from configs.schema import Config, SamplingConfig
+from orchestration.policy_push import PolicyPushes
+from orchestration.rollout_actors import EngineHost, RolloutGroupError, RunnerHost, describe
 
 log = logging.getLogger(__name__)
 
@@ -80,192 +61,12 @@ SUMMED_RUNNER_STATS = (
 )  # fmt: skip
 
 
-class RolloutGroupError(RuntimeError):
-    """A group operation failed on named engines or runners."""
-
-
-def node_cores() -> list[int]:
-    """The CPU ids this process may run on."""
-    try:
-        return sorted(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return list(range(os.cpu_count() or 1))
-
-
-def core_slice(cores: Sequence[int], rank: int, count: int) -> list[int]:
-    """Engine `rank` of `count` on one node gets a contiguous, disjoint slice of `cores`; with more
-    engines than cores, engines share cores round-robin (one each)."""
-    if count < 1 or not 0 <= rank < count:
-        raise ValueError(f"rank {rank} of {count} engines is out of range")
-    n = len(cores)
-    if count > n:
-        return [cores[rank % n]]
-    return list(cores[rank * n // count : (rank + 1) * n // count])
-
-
-def cpu_list(cores: Sequence[int]) -> str:
-    """'0-3' for a contiguous run, '0,2,5' otherwise (the form VLLM_CPU_OMP_THREADS_BIND reads)."""
-    cores = sorted(cores)
-    if cores == list(range(cores[0], cores[-1] + 1)):
-        return f"{cores[0]}-{cores[-1]}" if len(cores) > 1 else str(cores[0])
-    return ",".join(map(str, cores))
-
-
-def describe(error: BaseException) -> str:
-    """'Type: message' of the error, of its cause for a RayTaskError (not the remote traceback)."""
-    from ray.exceptions import RayTaskError
-
-    cause = error.cause if isinstance(error, RayTaskError) and error.cause is not None else error
-    return f"{type(cause).__name__}: {cause}"
-
-
-# --------------------------------------------------------------------------- engine side
-
-
-class EngineHost:
-    """One rollout engine inside a Ray actor (plain class; `ray.remote` is applied in RolloutGroup)."""
-
-    def __init__(self, cfg: Config, index: int = 0) -> None:
-        """`index`: the engine's id in the group (its `engine` tag on the dashboard)."""
-        self.cfg = cfg
-        self.index = index
-        self.engine: Any = None
-        self.placement: dict[str, Any] = {}
-        self.metrics_run = metrics_run(cfg)
-
-    def _report_version(self) -> None:
-        """The policy version gauge of this engine (the dashboard's per-engine view of weight syncs)."""
-        if self.metrics_run is not None:
-            record(ENGINE_POLICY_VERSION, self.version(), run=self.metrics_run, engine=str(self.index))
-
-    def node(self) -> str:
-        import ray
-
-        return ray.get_runtime_context().get_node_id()
-
-    async def start(self, local_rank: int, local_count: int) -> dict[str, Any]:
-        """Build and start the engine; `local_rank` of `local_count` engines on this node."""
-        backend = choose_backend(self.cfg)
-        on_cpu = self.cfg.rollout.engine_resources.num_gpus == 0
-        cores = core_slice(node_cores(), local_rank, local_count)
-        placement: dict[str, Any] = {"backend": backend, "pid": os.getpid()}
-        if on_cpu and backend == "vllm":
-            # Read by the engine-core process vLLM spawns from this one.
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = placement["cpu_bind"] = cpu_list(cores)
-        if on_cpu and backend == "hf":
-            import torch
-
-            torch.set_num_threads(len(cores))
-            placement["torch_threads"] = torch.get_num_threads()
-        t0 = time.monotonic()
-        self.engine = make_engine(self.cfg)
-        await self.engine.start()
-        placement["start_s"] = time.monotonic() - t0
-        self.placement = placement
-        self._report_version()
-        return placement
-
-    async def generate(self, prompt_token_ids: list[int], sampling: SamplingConfig) -> Generation:
-        if self.engine is None:
-            raise EngineUnavailable("engine actor not started")
-        return await self.engine.generate(prompt_token_ids, sampling)
-
-    async def load_adapter(self, version: int, adapter: dict[str, Any]) -> float:
-        """Load the adapter (resolved by Ray from the pushed object ref); seconds spent loading."""
-        t0 = time.monotonic()
-        await self.engine.load_adapter(version, adapter)
-        elapsed = time.monotonic() - t0
-        self._report_version()
-        return elapsed
-
-    async def update_weights(self, version: int, chunk_refs: list[Any]) -> float:
-        """Replace the weights from object refs of {name: tensor} chunks, fetched one at a time."""
-        t0 = time.monotonic()
-        await self.engine.update_weights(version, chunk_refs)  # ObjectRefs are awaitable: awaited in turn
-        elapsed = time.monotonic() - t0
-        self._report_version()
-        return elapsed
-
-    def version(self) -> int:
-        return self.engine.version() if self.engine is not None else -1
-
-    def stats(self) -> dict[str, Any]:
-        return {**(self.engine.stats() if self.engine is not None else {}), "placement": self.placement}
-
-    async def shutdown(self) -> None:
-        if self.engine is not None:
-            engine, self.engine = self.engine, None
-            await engine.shutdown()  # vLLM: stops the engine core, frees its shared memory
-
-
-class RemoteEngine:
-    """An engine actor handle that the EpisodeRunner can use like a local engine.
-
-    Errors: an `EngineError` raised in the actor (the request's fault) comes back as that
-    EngineError; anything else, and the actor's death, comes back as `EngineUnavailable` (not an
-    EngineError), so the runner restarts the episode on another engine."""
-
-    def __init__(self, handle: Any, index: int = -1) -> None:
-        self.handle = handle
-        self.index = index
-
-    async def generate(self, prompt_token_ids: list[int], sampling: SamplingConfig) -> Generation:
-        from ray.exceptions import RayActorError, RayError, RayTaskError
-
-        try:
-            return await self.handle.generate.remote(list(prompt_token_ids), sampling)
-        except RayTaskError as e:
-            cause = e.cause
-            if isinstance(cause, EngineError):
-                raise cause from e
-            raise EngineUnavailable(f"engine {self.index}: {describe(e)}") from e
-        except RayActorError as e:  # ActorDiedError, ActorUnavailableError
-            raise EngineUnavailable(f"engine actor {self.index} is gone: {type(e).__name__}") from e
-        except RayError as e:
-            raise EngineUnavailable(f"engine {self.index}: {type(e).__name__}: {e}") from e
-
-
-# --------------------------------------------------------------------------- runner side
-
-
-class RunnerHost:
-    """An EpisodeRunner inside a Ray actor, over every engine of the group."""
-
-    def __init__(self, cfg: Config, engines: list[Any], tool_pool: Any, judge: Any = None) -> None:
-        from actors.episode_runner import EpisodeRunner
-
-        self.runner = EpisodeRunner(
-            cfg,
-            [RemoteEngine(h, i) for i, h in enumerate(engines)],
-            load_tokenizer(cfg.model),
-            max_concurrent_episodes=cfg.rollout.max_concurrent_episodes,
-            progress=False,
-            tool_client=tool_pool,
-            judge=judge,
-        )
-
-    async def run(
-        self, tasks: list[dict[str, Any]], group_size: int, sampling: SamplingConfig | None = None
-    ) -> list[Trajectory]:
-        return await self.runner.run(tasks, group_size, sampling)
-
-    def stats(self) -> dict[str, Any]:
-        return self.runner.stats()
-
-    def replace_engine(self, index: int, handle: Any) -> None:
-        """Engine `index` was restarted as actor `handle`."""
-        self.runner.replace_engine(index, RemoteEngine(handle, index))
-
-
-# --------------------------------------------------------------------------- the group
-
-
 def split_evenly(n: int, parts: int) -> list[tuple[int, int]]:
     """`parts` contiguous [start, end) ranges covering range(n), sizes differing by at most one."""
     return [(k * n // parts, (k + 1) * n // parts) for k in range(parts)]
 
 
-class RolloutGroup:
+class RolloutGroup(PolicyPushes):
     """`cfg.rollout.engines` engine actors and `cfg.rollout.runners` runner actors (see the module doc)."""
 
     def __init__(self, cfg: Config, tool_pool: Any, *, judge: Any = None, start_timeout_s: float = 900.0) -> None:
@@ -550,115 +351,7 @@ class RolloutGroup:
             placement,
         )
 
-    # ------------------------------------------------------------------ policy updates
-
-    async def push_adapter(self, version: int, adapter_ref: Any) -> dict[str, Any]:
-        """Every live engine loads LoRA `version` from the one object `adapter_ref` (from `ray.put`).
-
-        Returns {"version", "latency_s" (the slowest engine, as seen from here: fetch + load),
-        "per_engine_s" (aligned with "engines"), "load_s" (each engine's own timing of the load, the
-        fetch excluded; aligned with "engines"), "engines", "restarted_engines" (found dead by this
-        push and restarted at this version), "dead_engines"}. Raises naming each live engine that
-        failed to load it or reports another version afterwards."""
-        import ray
-
-        if not isinstance(adapter_ref, ray.ObjectRef):
-            raise TypeError(f"adapter_ref must be the ObjectRef of ray.put(adapter), got {type(adapter_ref).__name__}")
-        return await self._push(version, "adapter", adapter_ref, lambda h: h.load_adapter.remote(version, adapter_ref))
-
-    async def push_weights(self, version: int, chunk_refs: Sequence[Any]) -> dict[str, Any]:
-        """Every live engine replaces its weights from the chunks' object refs (each a {name: tensor}
-        dict from `ray.put`), fetching one chunk at a time. Same result and errors as push_adapter."""
-        import ray
-
-        refs = list(chunk_refs)
-        bad = [i for i, r in enumerate(refs) if not isinstance(r, ray.ObjectRef)]
-        if bad or not refs:
-            raise TypeError(f"chunk_refs must be a non-empty list of ObjectRefs (ray.put); not refs at {bad[:5]}")
-        return await self._push(version, "weights", refs, lambda h: h.update_weights.remote(version, refs))
-
-    async def _push(self, version: int, what: str, refs: Any, call: Any) -> dict[str, Any]:
-        from ray.exceptions import RayActorError
-
-        if not self.engines:
-            raise RolloutGroupError("RolloutGroup is not started: await group.start() first")
-        await self._restart_dead_engines()  # at the old policy: then this push loads the new one
-        live = [i for i in range(len(self.engines)) if i not in self.dead]
-
-        async def one(i: int) -> tuple[float, float]:
-            t0 = time.perf_counter()
-            load_s = await call(self.engines[i])  # the engine's own timing (EngineHost)
-            return time.perf_counter() - t0, float(load_s)
-
-        results = await asyncio.gather(*(one(i) for i in live), return_exceptions=True)
-        errors: dict[int, str] = {}
-        times: dict[int, tuple[float, float]] = {}
-        for i, r in zip(live, results, strict=True):
-            if isinstance(r, RayActorError):
-                self._mark_dead(i, r)
-            elif isinstance(r, BaseException):
-                errors[i] = describe(r)
-            else:
-                times[i] = r
-        reported = await self._versions([i for i in times])
-        for i, v in reported.items():
-            if v != version and i not in self.dead:
-                errors[i] = f"reports version {v} after loading {what} v{version}"
-        if errors:
-            detail = "; ".join(f"engine {i}: {msg}" for i, msg in sorted(errors.items()))
-            raise RolloutGroupError(f"push of {what} v{version} failed on {len(errors)} engine(s): {detail}")
-        done = [i for i in live if i in times and i not in self.dead]
-        if not done:
-            raise RolloutGroupError(f"push of {what} v{version}: no live engine left (dead: {sorted(self.dead)})")
-        self.policy = (what, version, refs)
-        restarted = await self._restart_dead_engines()  # engines found dead by this push, at this version
-        per_engine = [times[i][0] for i in done]
-        return {
-            "version": version,
-            "latency_s": max(per_engine),
-            "per_engine_s": per_engine,
-            "load_s": [times[i][1] for i in done],
-            "engines": done,
-            "restarted_engines": restarted,
-            "dead_engines": sorted(self.dead),
-        }
-
-    def _mark_dead(self, index: int, error: BaseException) -> None:
-        if index not in self.dead:
-            log.warning("engine %d is dead (%s): skipped from now on", index, type(error).__name__)
-        self.dead.add(index)
-
-    async def _versions(self, indices: Sequence[int]) -> dict[int, int]:
-        from ray.exceptions import RayActorError
-
-        results = await asyncio.gather(*(self.engines[i].version.remote() for i in indices), return_exceptions=True)
-        out: dict[int, int] = {}
-        for i, r in zip(indices, results, strict=True):
-            if isinstance(r, RayActorError):
-                self._mark_dead(i, r)
-            elif isinstance(r, BaseException):
-                raise RolloutGroupError(f"engine {i}: version() failed: {describe(r)}") from r
-            else:
-                out[i] = int(r)
-        return out
-
     # ------------------------------------------------------------------ introspection
-
-    async def versions(self) -> list[int]:
-        """The version each engine gives new requests (-1 for a dead engine)."""
-        from ray.exceptions import RayActorError
-
-        live = [(i, h) for i, h in enumerate(self.engines) if i not in self.dead]
-        results = await asyncio.gather(*(h.version.remote() for _, h in live), return_exceptions=True)
-        out = [-1] * len(self.engines)
-        for (i, _), r in zip(live, results, strict=True):
-            if isinstance(r, RayActorError):
-                self._mark_dead(i, r)
-            elif isinstance(r, BaseException):
-                raise r
-            else:
-                out[i] = int(r)
-        return out
 
     async def stats(self) -> dict[str, Any]:
         """Runner progress (summed, and per runner) and each engine's stats ({"dead": True} once gone)."""
@@ -690,4 +383,4 @@ class RolloutGroup:
         }
 
 
-__all__ = ["EngineHost", "RemoteEngine", "RolloutGroup", "RolloutGroupError", "RunnerHost", "core_slice", "cpu_list"]
+__all__ = ["RolloutGroup", "RolloutGroupError"]

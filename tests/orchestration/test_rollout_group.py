@@ -21,7 +21,9 @@ from actors.models import load_tokenizer
 from actors.trajectory import Trajectory
 from configs.loader import load_config
 from configs.schema import Config, SamplingConfig
-from orchestration.rollout_group import RemoteEngine, RolloutGroup, RolloutGroupError, core_slice, cpu_list
+from orchestration.cpu_pinning import core_slice, cpu_list
+from orchestration.rollout_actors import RemoteEngine
+from orchestration.rollout_group import RolloutGroup, RolloutGroupError
 from tests.actors.test_engine_conformance import make_adapter
 from tests.conftest import free_port
 
