@@ -40,8 +40,8 @@ from bench.options import BenchOptions, LearningOptions
 from bench.results import Row, SuiteResult, machine, spread
 from cluster.local_cluster import ROOT, clean_env
 from configs.loader import load_config
+from jobs.held_out import EVAL_SETS
 from jobs.stats import outcomes, paired_gain
-from jobs.train import EVAL_SETS
 
 WORK = "learning-work"
 WARM, AFTER_GRPO = "after warm start", "after GRPO"

@@ -16,7 +16,7 @@ import ray
 from cluster.ray_env import actor_name
 from configs.loader import load_config
 from configs.schema import Config
-from jobs.train import Driver, RunStopped, resume_command
+from jobs.train_driver import Driver, RunStopped, resume_command
 from orchestration.learner_group import LearnerDied
 from tests.conftest import free_port
 from tests.jobs.test_train import history

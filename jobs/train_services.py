@@ -1,0 +1,80 @@
+"""What a training run starts beside its own process (jobs/train.py): the tool pool, the judge, the rollout
+group and the learner group on Ray, and its tracker; and how they stop."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from configs.schema import Config
+
+if TYPE_CHECKING:
+    from jobs.tracking import Tracker
+    from orchestration.learner_group import LearnerGroup
+    from orchestration.rollout_group import RolloutGroup
+    from serve_apps.tool_pool import ServeToolPool
+
+log = logging.getLogger("mcprl.train")
+
+
+def start_judge(cfg: Config) -> Any:
+    """The judge the run scores with: none for heuristic rewards, else the deployment's handle, or an
+    in-process client (source local). The runners' envs reach the deployment through its handle, passed to
+    them; the driver itself scores whole groups (group_judge). An in-process judge stays in the driver."""
+    if cfg.reward.backend == "heuristic":
+        return None
+    from envs.judge_serve import deploy_judge, judge_client
+
+    return deploy_judge(cfg.reward) if cfg.reward.judge.source != "local" else judge_client(cfg.reward)
+
+
+@dataclass
+class Services:
+    """The run's services, each set once it is up, so that `close()` stops exactly what started (a start that
+    fails half-way leaves the rest None)."""
+
+    pool: ServeToolPool | None = None
+    judge: Any = None  # start_judge's: a JudgeHandle, an in-process judge, or None
+    rollout: RolloutGroup | None = None
+    learner: LearnerGroup | None = None
+    tracker: Tracker | None = None  # the driver finishes it last (close() leaves it)
+
+    def runner_judge(self) -> Any:
+        """What the runner actors get: the deployment's handle; None makes each build its own from config."""
+        from envs.judge_serve import JudgeHandle
+
+        return self.judge if isinstance(self.judge, JudgeHandle) else None
+
+    async def judge_counts(self) -> dict[str, int]:
+        """Calls the judge served (per action, per group) beside the env steps played: with llm_judge or
+        hybrid every step is one call, with group_judge every scored group is one. Only the deployment
+        sees every call: an in-process judge (source local) lives in each runner."""
+        if self.runner_judge() is None or self.rollout is None:
+            return {}
+        stats = await self.judge.stats()
+        counts = {
+            "judge_action_calls": int(stats["scored"] + stats["infra_faults"]),
+            "judge_group_calls": int(stats["ranked"] + stats["group_failures"]),
+            "turns_played": int(self.rollout.turns_played),
+        }
+        print("judge: " + ", ".join(f"{k} {v}" for k, v in counts.items()), flush=True)
+        return counts
+
+    async def close(self) -> None:
+        """Serve apps first: they are detached and outlive the driver; the actors die with it anyway."""
+        from serve_apps.tool_pool import undeploy_pool
+
+        if self.runner_judge() is not None:
+            from envs.judge_serve import undeploy_judge
+
+            undeploy_judge(self.judge)
+        if self.pool is not None:
+            undeploy_pool(self.pool)
+        for what, group in (("rollout", self.rollout), ("learner", self.learner)):
+            if group is None:
+                continue
+            try:
+                await group.shutdown()
+            except Exception as e:  # stopping one role must not keep the others running
+                log.warning("stopping the %s failed: %s", what, e)
