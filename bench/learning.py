@@ -76,7 +76,7 @@ def train_run(o: LearningOptions, name: str, storage: Path, seed: int, sets: dic
         "train.storage": str(storage),
         "train.seed": seed,
         "rollout.sampling.seed": seed + 1,
-        "logging.wandb": '"off"',  # quoted: YAML reads a bare off as False
+        "logging.wandb": "off",
         **sets,
     }
     cmd = [sys.executable, "-m", "jobs.train", "--config", o.config, "--run", "--fresh"]

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from configs.schema import Config, OpenAIConfig
 
@@ -69,12 +70,47 @@ def format_errors(err: ValidationError, source: str) -> str:
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"]) or "<root>"
         if e["type"] == "extra_forbidden":
-            lines.append(f"  {key}: unknown key")
+            lines.append(f"  {key}: unknown key{did_you_mean(e['loc'])}")
         else:
             got = e.get("input")
             shown = "" if isinstance(got, dict | list) or got is None else f" (got {got!r})"
             lines.append(f"  {key}: {e['msg']}{shown}")
     return "\n".join(lines)
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The config section type in a field's annotation (`X`, `X | None`, `list[X]`), or None for a value."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        if found := _model_in(arg):
+            return found
+    return None
+
+
+def _key_paths(model: type[BaseModel], prefix: str = "") -> Iterator[str]:
+    for name, field in model.model_fields.items():
+        yield prefix + name
+        if sub := _model_in(field.annotation):
+            yield from _key_paths(sub, f"{prefix}{name}.")
+
+
+def did_you_mean(loc: Sequence[str | int]) -> str:
+    """For an unknown key at `loc`: "; did you mean <key path>?" naming a close sibling, else the same key in
+    another section; "" when nothing is near."""
+    model: type[BaseModel] | None = Config
+    for part in loc[:-1]:
+        if isinstance(part, int):  # a list item: the section type was taken from the list's annotation
+            continue
+        field = model.model_fields.get(part) if model else None
+        model = _model_in(field.annotation) if field else None
+    name = str(loc[-1])
+    if model is not None:
+        close = difflib.get_close_matches(name, list(model.model_fields), n=1, cutoff=0.6)
+        if close:
+            return f"; did you mean {'.'.join(str(p) for p in [*loc[:-1], close[0]])}?"
+    elsewhere = [k for k in _key_paths(Config) if k.rsplit(".", 1)[-1] == name]
+    return f"; did you mean {' or '.join(elsewhere[:3])}?" if elsewhere else ""
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:

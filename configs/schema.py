@@ -881,9 +881,20 @@ class TrainConfig(Strict):
 
 class LoggingConfig(Strict):
     wandb: Literal["auto", "online", "offline", "off"] = Field(
-        "auto", description="auto: online when WANDB_API_KEY is set, offline otherwise."
+        "auto",
+        description="auto: online when WANDB_API_KEY is set, offline otherwise; off: no W&B. YAML's booleans "
+        "count too: off/false/no mean off, on/true/yes mean auto.",
     )
     wandb_project: str = "mcprl"
+
+    @field_validator("wandb", mode="before")
+    @classmethod
+    def _wandb_bool(cls, value: Any) -> Any:
+        # YAML 1.1 (PyYAML, so `--set` too) reads a bare off/on/no/yes as a boolean.
+        if isinstance(value, bool):
+            return "auto" if value else "off"
+        return value
+
     sample_trajectories: int = Field(4, ge=0, description="Trajectories logged as a W&B table per step.")
     ray_metrics: bool = Field(
         True,

@@ -445,6 +445,9 @@ def plan_lines(cfg: Config) -> list[str]:
     if t.keep_checkpoints:
         ck += f", keeping the newest {t.keep_checkpoints} and the best by evaluation"
     lines.append(f"checkpoints: {ck}, under {storage.join(storage.resolve(t.storage), cfg.run_name)}")
+    from jobs.tracking import wandb_mode
+
+    lines.append(f"W&B: {wandb_mode(cfg.logging.wandb) or 'off'} (logging.wandb: {cfg.logging.wandb})")
     if cfg.health.stop_on:
         lines.append(
             f"health: stops on {', '.join(cfg.health.stop_on)} after {cfg.health.patience} consecutive steps"

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from configs.loader import CONFIG_DIR, ConfigError, dump_config, load_config, load_dotenv_file, parse_override
 from configs.schema import OFFLINE_PYTHON_TIMEOUT_S
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -62,6 +67,49 @@ def test_unknown_key_names_key_and_file(tmp_path):
         load_config(p)
     assert "tools.servers.polygon.bakend: unknown key" in str(e.value)
     assert str(p) in str(e.value)
+
+
+def test_unknown_key_suggests_the_nearest_key_path(tmp_path):
+    p = write(tmp_path, "tools:\n  servers:\n    polygon:\n      bakend: live\n")
+    with pytest.raises(ConfigError, match=r"bakend: unknown key; did you mean tools\.servers\.polygon\.backend\?"):
+        load_config(p)
+    with pytest.raises(ConfigError, match=r"train\.wandb: unknown key; did you mean logging\.wandb\?"):
+        load_config(None, ["train.wandb=off"])  # the right key in another section
+    item = "tools.external=[{name: x, url: 'http://127.0.0.1:1/mcp', tymeout_s: 3}]"
+    with pytest.raises(ConfigError, match=r"did you mean tools\.external\.0\.timeout_s\?"):
+        load_config(None, [item])
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["zzzz=1"])
+    assert "zzzz: unknown key" in str(e.value) and "did you mean" not in str(e.value)
+
+
+def test_unknown_key_from_the_command_line_names_a_suggestion() -> None:
+    """As a user meets it: a fresh process, a typo in --set, exit 2 with the suggestion and no traceback."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "jobs.train", "--config", "configs/ci-tiny.yaml", "--set", "train.stpes=3"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "train.stpes: unknown key; did you mean train.steps?" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(("text", "mode"), [("off", "off"), ("false", "off"), ("on", "auto"), ("true", "auto")])
+def test_wandb_takes_yaml_booleans(tmp_path: Path, text: str, mode: str) -> None:
+    """YAML reads a bare off/on as a boolean: the mode field takes them as off and auto."""
+    assert load_config(write(tmp_path, f"logging:\n  wandb: {text}\n")).logging.wandb == mode
+    assert load_config(None, [f"logging.wandb={text}"]).logging.wandb == mode
+    with pytest.raises(ConfigError, match=r"logging\.wandb: Input should be 'auto', 'online', 'offline' or 'off'"):
+        load_config(None, ["logging.wandb=maybe"])
+
+
+def test_preflight_takes_wandb_off_as_typed() -> None:
+    """`--set logging.wandb=off` as a user types it, through jobs.train's preflight: accepted, and the plan says so."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "jobs.train", "--config", "configs/ci-tiny.yaml", "--set", "logging.wandb=off"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "RAY_ADDRESS": ""},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "W&B: off (logging.wandb: off)" in proc.stdout
 
 
 def test_wrong_type_names_key_and_value(tmp_path):
