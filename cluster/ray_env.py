@@ -10,6 +10,7 @@ import asyncio
 import functools
 import logging
 import os
+import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,11 +27,21 @@ _EMBEDDED_ENV = {
     # With this off, Ray binds its listeners to 127.0.0.1 instead of the machine's address.
     # Ray reads it once, when `ray` is first imported: so it is set here, at import time, and
     # entry points import this module before anything imports ray. `ray job submit` sets
-    # RAY_ADDRESS, and then we leave Ray's networking alone.
+    # RAY_ADDRESS, and then we leave Ray's networking alone unless that address is loopback.
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
     "RAY_DEDUP_LOGS": "1",
 }
-if not os.environ.get("RAY_ADDRESS"):
+
+
+def on_loopback(address: str) -> bool:
+    """Whether a Ray address (host:port, ray://host:port) names this machine's loopback."""
+    host = address.partition("://")[2] or address
+    return host.rpartition(":")[0].strip("[]") in ("127.0.0.1", "localhost", "::1")
+
+
+# A driver joining a cluster at a loopback address needs the same setting: without it Ray rewrites
+# 127.0.0.1 into the machine's address, where a loopback-only GCS never answers (minutes of retries).
+if not os.environ.get("RAY_ADDRESS") or on_loopback(os.environ["RAY_ADDRESS"]):
     for _key, _value in _EMBEDDED_ENV.items():
         os.environ.setdefault(_key, _value)
 
@@ -132,15 +143,57 @@ def cluster_address(cfg: ClusterConfig) -> str | None:
     return cfg.address or os.environ.get("RAY_ADDRESS") or None
 
 
+class RayAddressError(ValueError):
+    """The configured Ray address is malformed or nothing answers there; the message names it and the fix."""
+
+
+def checked_address(cfg: ClusterConfig, timeout_s: float = 3.0) -> str | None:
+    """`cluster_address`, checked before `ray.init` sees it: Ray answers a dashboard URL with a bare
+    `ValueError: Invalid Ray address`, and an address where nothing listens with minutes of retries."""
+    address = cluster_address(cfg)
+    if not address or address in ("auto", "local"):
+        return address
+    key = "cluster.address" if cfg.address else "RAY_ADDRESS"
+    named = f"{key}={address}"
+    gcs = "the head's GCS address, host:port as `ray start --head` printed it (port 6379 by default)"
+    scheme, sep, rest = address.partition("://")
+    if sep and scheme in ("http", "https"):
+        raise RayAddressError(
+            f"{named} is a URL, the Ray dashboard's, which `ray job submit` takes. A command started here joins "
+            f"the cluster at {gcs}: set {key} to that, or submit the command as a job: "
+            "`ray job submit --working-dir . --runtime-env cluster/runtime_env.yaml -- python -m jobs.train ...`"
+        )
+    host, _, port = (rest if sep else address).rpartition(":")
+    if (sep and scheme != "ray") or not host or not port.isdigit():
+        raise RayAddressError(f"{named}: expected host:port ({gcs}), ray://host:port (Ray Client) or auto")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise RayAddressError(
+            f"{named}: nothing answers at {host}:{port} ({e.strerror or e}). Start the cluster, or set {key} to {gcs}; "
+            "unset it to start an embedded Ray on this machine"
+        ) from None
+    return address
+
+
+def _dashboard_url() -> str | None:
+    """The dashboard URL of the Ray this process is connected to (ray.init returns it only to its caller)."""
+    from ray._private import worker
+
+    node = getattr(worker, "_global_node", None)
+    url = getattr(node, "webui_url", None)
+    return (url if "://" in url else f"http://{url}") if url else None
+
+
 def start_ray(cfg: ClusterConfig) -> RayHandle:
     """Connect to the configured cluster, or start an embedded one (idempotent within a process)."""
     import ray
 
-    if ray.is_initialized():
+    if ray.is_initialized():  # preflight connected first, or a test session's Ray
         ctx = ray.get_runtime_context()
-        return RayHandle(ctx.gcs_address, started_here=False, dashboard_url=None)
+        return RayHandle(ctx.gcs_address, started_here=False, dashboard_url=_dashboard_url())
 
-    address = cluster_address(cfg)
+    address = checked_address(cfg)
     if address:
         info = ray.init(address=address, namespace=cfg.namespace, log_to_driver=True)
         log.info("connected to Ray at %s", address)

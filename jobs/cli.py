@@ -6,9 +6,9 @@ import argparse
 import logging
 import os
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
-import cluster.ray_env  # noqa: F401  (first: sets Ray's loopback-only environment before `ray` is imported)
+from cluster.ray_env import RayAddressError  # first: sets Ray's loopback-only environment before `ray` is imported
 from configs.loader import ConfigError, load_config, load_dotenv_file
 from configs.schema import Config
 
@@ -32,14 +32,28 @@ def base_parser(description: str) -> argparse.ArgumentParser:
     return p
 
 
+def counted(n: int, noun: str) -> str:
+    """`1 template`, `2 templates`: a count with its noun in the right number (regular plurals only)."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def usage_error(message: str) -> NoReturn:
     """A bad invocation (options, config, input file): the message on stderr and exit status 2, no traceback."""
     print(f"error: {message}", file=sys.stderr)
     sys.exit(2)
 
 
+def _clean_errors(kind: type, value: BaseException, tb: Any) -> None:
+    """An error the user fixes outside the code (a bad Ray address) ends in its message, not a traceback."""
+    if issubclass(kind, RayAddressError):
+        print(f"error: {value}", file=sys.stderr)
+    else:
+        sys.__excepthook__(kind, value, tb)
+
+
 def setup(args: argparse.Namespace) -> Config:
     """Logging, `.env`, then the validated config; a bad config is a usage error."""
+    sys.excepthook = _clean_errors
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -89,9 +89,9 @@ def run_roles(cfg: Config) -> list[Role]:
 def cluster_view(cfg: Config) -> ClusterView:
     """What the run will have: the connected cluster (nodes, autoscaler node types), or the embedded Ray."""
     from cluster.placement import connected_view
-    from cluster.ray_env import cluster_address
+    from cluster.ray_env import checked_address
 
-    address = cluster_address(cfg.cluster)
+    address = checked_address(cfg.cluster)
     if address:
         import ray
 

@@ -72,7 +72,9 @@ def test_a_submitted_run_on_two_nodes_is_stopped_resumed_and_finishes_into_stora
             ) from None
         logs = jobs.get_job_logs(job.group())
         # the job's logs carry the same progress lines as a local run, and say how to resume
-        for line in (f"outputs: {run}", "warm start done", "eval [after warm start]", "stopped by SIGTERM"):
+        # ... and the dashboard's URL (preflight connects first; the session after it must still find it)
+        expected = (f"outputs: {run}", f"Ray dashboard: {dashboard}", "warm start done", "eval [after warm start]")
+        for line in (*expected, "stopped by SIGTERM"):
             assert line in logs, f"{line!r} not in the job's logs:\n{logs[-5000:]}"
         apps = get_json(f"{dashboard}/api/serve/applications/") or {}
         assert not apps.get("applications"), f"Serve apps outlived the stopped run: {list(apps['applications'])}"

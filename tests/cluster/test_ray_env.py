@@ -4,12 +4,22 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
 
 import psutil
+import pytest
 import ray
 
+from cluster.local_cluster import RAY, clean_env, free_port, get_json, node_port_flags, stop_group, wait_for
 from cluster.ray_env import start_ray
 from configs.schema import ClusterConfig
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_embedded_ray_listens_on_loopback_only(ray_cluster):
@@ -46,3 +56,81 @@ def test_address_precedence(monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")  # what `ray job submit` sets
     assert cluster_address(ClusterConfig()) == "127.0.0.1:6379"
     assert cluster_address(ClusterConfig(address="auto")) == "auto"  # the config wins
+
+
+@pytest.mark.parametrize(
+    ("address", "says"),
+    [
+        ("http://127.0.0.1:{port}", ["is a URL, the Ray dashboard's", "GCS address", "ray job submit"]),
+        ("127.0.0.1:{port}", ["nothing answers at 127.0.0.1:{port}", "GCS address", "unset it"]),
+        ("127.0.0.1", ["expected host:port"]),
+    ],
+    ids=["dashboard-url", "nothing-listens", "no-port"],
+)
+def test_a_bad_ray_address_fails_within_seconds_naming_it(address: str, says: list[str]) -> None:
+    """`RAY_ADDRESS=... python -m jobs.train --config configs/ci-tiny.yaml` (preflight), as the runbook's reader
+    typed it: a clear error naming the address and what to set, no traceback, no minutes of retries."""
+    port = free_port()
+    address = address.format(port=port)
+    cmd = [sys.executable, "-m", "jobs.train", "--config", "configs/ci-tiny.yaml"]
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        cmd, cwd=ROOT, env=clean_env({"RAY_ADDRESS": address}), capture_output=True, text=True, timeout=120
+    )
+    took = time.monotonic() - t0
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert f"error: RAY_ADDRESS={address}" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    for text in says:
+        assert text.format(port=port) in proc.stderr, proc.stderr
+    assert took < 60, f"{took:.0f} s"  # the imports, then a refused TCP connect: no Ray retries
+
+
+def test_the_runbooks_one_machine_cluster_preflight_dashboard_and_stop(ray_cluster, tmp_path: Path) -> None:
+    """The README's one-machine cluster as a user runs it: `ray start --head --block` pinned to loopback (here
+    on free ports), preflight against its GCS address from a shell without Ray's loopback setting, the run's
+    session after preflight still printing the dashboard's URL, and stopping that head by its PID alone."""
+    gcs, dash = free_port(), free_port()
+    temp = Path(tempfile.mkdtemp(prefix="mcprl-rb-", dir="/tmp"))  # short: Ray's socket paths have a length limit
+    head = [
+        RAY, "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={gcs}", "--dashboard-host=127.0.0.1",
+        f"--dashboard-port={dash}", f"--temp-dir={temp}", "--num-cpus=2", *node_port_flags(),
+    ]  # fmt: skip
+    log = open(tmp_path / "head.log", "w")
+    proc = subprocess.Popen(head, env=clean_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_for("the head's dashboard", lambda: get_json(f"http://127.0.0.1:{dash}/api/version") is not None)
+        # The user's shell: RAY_ADDRESS only (our own test process set the loopback switch; a shell has none).
+        env = {k: v for k, v in clean_env().items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
+        env["RAY_ADDRESS"] = f"127.0.0.1:{gcs}"
+        cmd = [sys.executable, "-m", "jobs.train", "--config", "configs/ci-tiny.yaml"]
+        pre = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+        assert pre.returncode == 0, pre.stdout[-3000:] + pre.stderr[-3000:]
+        assert f"cluster at 127.0.0.1:{gcs} holds every role now" in pre.stdout, pre.stdout
+        script = (
+            "from configs.loader import load_config\n"
+            "from jobs.preflight import cluster_view\n"
+            "from cluster.ray_env import start_ray\n"
+            "cfg = load_config('configs/ci-tiny.yaml')\n"
+            "cluster_view(cfg)\n"  # what jobs.train --run does first
+            "print('dashboard:', start_ray(cfg.cluster).dashboard_url)\n"
+        )
+        run = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True)
+        assert f"dashboard: http://127.0.0.1:{dash}" in run.stdout, run.stdout + run.stderr[-3000:]
+
+        proc.terminate()  # `kill <PID of ray start --block>`: that head and what it started, nothing else
+        proc.wait(timeout=90)
+        wait_for("the head's processes to end", lambda: not _processes_under(temp), timeout_s=60)
+        assert ray.cluster_resources().get("CPU"), "the other Ray on this machine went too"
+    finally:
+        stop_group(proc)
+        log.close()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def _processes_under(temp: Path) -> list[int]:
+    """Ray processes of the node whose --temp-dir (or session dir) is `temp`."""
+    out = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        if any(str(temp) in part for part in p.info["cmdline"] or []):
+            out.append(p.info["pid"])
+    return out
