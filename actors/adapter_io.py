@@ -156,6 +156,8 @@ def read_adapter(folder: str | Path) -> dict[str, Any]:
     from cluster import storage
 
     local = storage.fetch(str(folder))
+    if not local.is_dir():
+        raise FileNotFoundError(f"{folder}: no such folder")
     config_file, weights = local / CONFIG_FILE, local / WEIGHTS_FILE
     if not config_file.is_file() or not weights.is_file():
         raise FileNotFoundError(f"{local}: not a PEFT adapter folder ({CONFIG_FILE}, {WEIGHTS_FILE})")

@@ -150,7 +150,7 @@ def export(
     try:
         info = _write(src, tmp, kind, final=out, progress=progress)
         (tmp / EXPORT_INFO).write_text(json.dumps(info, indent=1) + "\n")
-        tmp.chmod(0o755)  # mkdtemp's 0700 would keep a shared export from its readers
+        _readable(tmp)
         if remote:
             progress(f"export: uploading to {out}")
             if storage.exists(out):
@@ -165,6 +165,14 @@ def export(
         shutil.rmtree(tmp, ignore_errors=True)
     progress(f"export: done: {out}")
     return out
+
+
+def _readable(folder: Path) -> None:
+    """Every folder 0755 and file 0644: mkdtemp's 0700 and the 0600 of files written through a temporary file
+    (safetensors' model.safetensors) would keep a shared export from its readers."""
+    folder.chmod(0o755)
+    for path in folder.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
 
 
 def _write(src: RunSource, folder: Path, kind: str, final: str, progress: Any) -> dict[str, Any]:

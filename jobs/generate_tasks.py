@@ -38,7 +38,7 @@ from pydantic import ValidationError
 from cluster import storage
 from configs.loader import ConfigError, apply_openai_env
 from configs.schema import Config
-from jobs.cli import base_parser, setup, usage_error
+from jobs.cli import base_parser, counted, setup, usage_error
 from tasks.generators import METHODS, GeneratorUnavailable, get_generator
 from tasks.generators.options import GenerateOptions, GenerationError
 from tasks.generators.splits import assign_rows, check_instance_splits, check_splits, parse_splits
@@ -189,8 +189,8 @@ async def run(args: argparse.Namespace, cfg: Config) -> int:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_rows(groups[split], path)
         templates = {(r.get("extra_info") or {}).get("template") for r in groups[split]} - {None}
-        what = f" ({len(templates)} templates)" if templates else ""
-        print(f"wrote {len(groups[split])} rows{what} to {path}" + (f"  [{split}]" if split else ""))
+        what = f" ({counted(len(templates), 'template')})" if templates else ""
+        print(f"wrote {counted(len(groups[split]), 'row')}{what} to {path}" + (f"  [{split}]" if split else ""))
     return 0
 
 

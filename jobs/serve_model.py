@@ -3,7 +3,8 @@
     python -m jobs.serve_model --run RUN [--host 127.0.0.1] [--port 8001] [--api-key-env NAME] [--lora]
 
 The run is exported first (jobs/export.py) into this node's cache (`<mcprl cache>/exports/`, written
-afresh at every start, so a run that trained on is served as it is now): a LoRA run merged into plain
+afresh at every start, so a run that trained on is served as it is now; it stays there after the server
+stops, and the start says where and how large it is, to remove by hand): a LoRA run merged into plain
 weights (the fast path on CPU), or with `--lora` as base + LoRA module; a full run as its weights. Then
 this process becomes `python -m vllm.entrypoints.openai.api_server` (same PID: stopping it stops the
 server) with
@@ -164,6 +165,12 @@ def main(argv: list[str] | None = None) -> None:
     except ModelNotFoundError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
+    size_mb = sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) / 1e6
+    print(
+        f"export: {out} ({size_mb:.0f} MB) stays in this node's cache after the server stops; the next "
+        f"serve_model of this run rewrites it. Remove it with: rm -r {shlex.quote(str(out))}",
+        flush=True,
+    )
     cfg = src.cfg
     if args.lora:
         base = json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"]

@@ -16,7 +16,7 @@ import asyncio
 import sys
 from pathlib import Path
 
-from jobs.cli import base_parser, setup, usage_error
+from jobs.cli import base_parser, counted, setup, usage_error
 from tasks.io import FORMATS, TaskFileError, read_rows
 from tasks.validate import Stats, ValidationReport, validate_rows
 
@@ -82,11 +82,11 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def print_report(report: ValidationReport, path: Path, model: str, max_tokens: int | None) -> None:
-    print(f"{path}: {report.rows} rows")
-    for title, issues in (("errors", report.errors), ("warnings", report.warnings)):
+    print(f"{path}: {counted(report.rows, 'row')}")
+    for title, issues in (("error", report.errors), ("warning", report.warnings)):
         if not issues:
             continue
-        print(f"\n{len(issues)} {title if len(issues) != 1 else title[:-1]}:")
+        print(f"\n{counted(len(issues), title)}:")
         for issue in issues[:MAX_LISTED]:
             print(f"  {issue}")
         if len(issues) > MAX_LISTED:
@@ -95,9 +95,12 @@ def print_report(report: ValidationReport, path: Path, model: str, max_tokens: i
     print_stats(report.stats, model, max_tokens)
     print()
     if report.ok:
-        print("Validation passed" + (f" with {len(report.warnings)} warnings" if report.warnings else ""))
+        print("Validation passed" + (f" with {counted(len(report.warnings), 'warning')}" if report.warnings else ""))
     else:
-        print(f"Validation failed: {len(report.errors)} errors in {len(report.error_rows)} of {report.rows} rows")
+        print(
+            f"Validation failed: {counted(len(report.errors), 'error')} in {len(report.error_rows)} of "
+            f"{counted(report.rows, 'row')}"
+        )
 
 
 def print_stats(s: Stats, model: str, max_tokens: int | None) -> None:

@@ -13,6 +13,23 @@ if TYPE_CHECKING:
 BUILTIN_SERVERS = ("polygon", "fmp", "tavily", "slack", "python")
 
 
+def mcprl_version() -> str:
+    """The installed mcprl's version (pyproject.toml), which our servers report to MCP clients."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("mcprl")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "0+unknown"
+
+
+def new_server(name: str, instructions: str | None = None) -> FastMCP:
+    """A FastMCP server that tells clients it is mcprl's (serverInfo.version), not FastMCP's own version."""
+    from fastmcp import FastMCP
+
+    return FastMCP(name, instructions=instructions, version=mcprl_version())
+
+
 def health_probe(name: str, cfg: Any) -> Callable[[], Awaitable[str | None]] | None:
     """A server module's optional `health(cfg)`: None when healthy, else the reason."""
     probe = getattr(importlib.import_module(f"mcp_servers.{name}"), "health", None)

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 from fastmcp import FastMCP
 
 from configs.schema import LiveService
+from mcp_servers import new_server
 
 B = TypeVar("B")
 
@@ -26,4 +27,4 @@ def mirror_server(
     cfg = cfg or LiveService()
     backend = live(cfg) if cfg.backend == "live" else offline()
     read_only = {"readOnlyHint": True, "openWorldHint": cfg.backend == "live"}
-    return FastMCP(name, instructions=instructions), backend, read_only
+    return new_server(name, instructions), backend, read_only

@@ -10,13 +10,14 @@ from fastmcp import FastMCP
 from pydantic import Field
 
 from configs.schema import PythonToolConfig
+from mcp_servers import new_server
 from mcp_servers.sandbox import run_sandboxed, sandbox_health
 
 
 def build(cfg: PythonToolConfig) -> FastMCP:
     """The FastMCP server for the python tool, with the limits of `cfg.sandbox`."""
     box = cfg.sandbox
-    mcp = FastMCP("python")
+    mcp = new_server("python")
     # Programs are CPU-bound: a replica runs as many at once as the CPUs it reserved, and the pool
     # scales by adding replicas (which Ray places and accounts for), not by oversubscribing one.
     slots = asyncio.Semaphore(box.max_concurrent)

@@ -30,6 +30,7 @@ from pydantic import Field
 
 from configs.schema import SlackConfig
 from mcp_servers import market_data as md
+from mcp_servers import new_server
 from mcp_servers.episodes import EpisodeStates, current_episode, on_end_episode
 from mcp_servers.errors import InvalidArguments, ToolFault, Unavailable, UpstreamError
 from mcp_servers.http_api import HttpApi
@@ -307,7 +308,7 @@ class Live:
 def build(cfg: SlackConfig | None = None) -> FastMCP:
     cfg = cfg or SlackConfig()
     backend: Backend = Live(cfg) if cfg.backend == "live" else Workspaces(cfg)
-    mcp = FastMCP("slack", instructions="A Slack workspace: list channels, read messages, post messages.")
+    mcp = new_server("slack", instructions="A Slack workspace: list channels, read messages, post messages.")
     if isinstance(backend, Workspaces):
         on_end_episode(mcp, backend.end_episode)
     read_only = {"readOnlyHint": True, "openWorldHint": cfg.backend == "live"}

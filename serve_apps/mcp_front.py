@@ -21,6 +21,7 @@ from fastmcp.tools.base import Tool, ToolResult
 from mcp_types import TextContent
 from pydantic import PrivateAttr
 
+from mcp_servers import new_server
 from mcp_servers.errors import InvalidArguments
 from serve_apps.tool_host import END_EPISODE_TOOL, EPISODE_META, ToolHost
 
@@ -69,7 +70,7 @@ class EndEpisode(Middleware):
 
 def build_front(host: ToolHost, tools: list[dict[str, Any]], prefix: str = "") -> FastMCP:
     """A FastMCP server exposing `tools` (MCP dicts from the backend) as `<prefix><name>`, and END_EPISODE_TOOL."""
-    front = FastMCP(host.name)
+    front = new_server(host.name)
     front.add_middleware(EndEpisode(host))
     for t in tools:
         tool = ForwardingTool(

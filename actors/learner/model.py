@@ -87,6 +87,8 @@ class PolicyModels:
 
         where = self.cfg.finetune.init_adapter
         if where:
+            if not storage.exists(where):
+                raise FileNotFoundError(f"finetune.init_adapter: {where!r}: no such folder")
             if not storage.exists(storage.join(where, "adapter_config.json")):
                 raise FileNotFoundError(
                     f"finetune.init_adapter: {where!r} is not a PEFT adapter folder (no adapter_config.json)"

@@ -23,8 +23,13 @@ def evaluate(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
         (["--tasks", "nowhere/tasks.jsonl"], "nowhere/tasks.jsonl"),
         (["--tasks", "s3://bucket/tasks.jsonl"], "--tasks s3://bucket/tasks.jsonl: a URI"),
         (["--tasks", "tasks/examples/conversations.jsonl", "--out", "gs://b/r.json"], "--out gs://b/r.json: a URI"),
+        (
+            ["--tasks", "tasks/examples/conversations.jsonl", "--adapter", "runs/nowhere"],
+            "runs/nowhere: no such folder",
+        ),
+        (["--tasks", "tasks/examples/conversations.jsonl", "--adapter", "tasks"], "tasks: not a PEFT adapter folder"),
     ],
-    ids=["missing", "tasks-uri", "out-uri"],
+    ids=["missing", "tasks-uri", "out-uri", "no-adapter", "not-an-adapter"],
 )
 def test_bad_files_exit_2_naming_the_argument(args: list[str], message: str) -> None:
     proc = evaluate(*args)

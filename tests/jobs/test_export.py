@@ -126,6 +126,8 @@ def test_lora_run_exports_a_peft_folder_and_merged_weights(runs: dict, tmp_path:
     proc = run_export("--run", str(run), "--merge", "--out", str(merged_dir))
     assert "merging the adapter" in proc.stdout
     assert not (merged_dir / "adapter_config.json").exists() and (merged_dir / "model.safetensors").is_file()
+    modes = {p.name: p.stat().st_mode & 0o777 for p in [merged_dir, *merged_dir.rglob("*")]}
+    assert modes.pop("merged") == 0o755 and set(modes.values()) == {0o644}, modes  # readable by all, like a copy
     merged = AutoModelForCausalLM.from_pretrained(merged_dir).eval()
     assert merged.dtype == torch.float32  # model.dtype of the run
     torch.testing.assert_close(policy_logits(merged), peft_logits, rtol=0, atol=1e-4)

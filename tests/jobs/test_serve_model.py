@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -226,6 +227,11 @@ def test_auth_and_the_servers_rendering_is_the_trained_one(
 
     url, log = server
     assert TOKEN not in log.read_text()  # the token stays out of the console and the command line
+    # The export it serves stays in the cache: the console says where, how large, and how to remove it.
+    said = re.search(
+        r"export: (\S+) \((\d+) MB\) stays in this node's cache.*Remove it with: rm -r (\S+)", log.read_text()
+    )
+    assert said and said[1] == said[3] and Path(said[1], "model.safetensors").is_file(), log.read_text()[-3000:]
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=url, api_key="wrong").models.list()
     client = openai.OpenAI(base_url=url, api_key=TOKEN)

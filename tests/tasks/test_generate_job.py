@@ -208,3 +208,9 @@ def test_bad_input_exits_2_without_a_traceback(runs: dict[str, Run], name: str, 
     assert run.rc == 2, run.out
     assert message in run.out, run.out
     assert "Traceback" not in run.out
+
+
+def test_one_row_is_counted_in_the_singular(tmp_path: Path) -> None:
+    run = _run(["--method", "rule", "--n", "1", "--out", str(tmp_path / "one.jsonl")], {})
+    assert run.rc == 0, run.out
+    assert f"wrote 1 row (1 template) to {tmp_path / 'one.jsonl'}" in run.out

@@ -71,7 +71,7 @@ def test_good_rows_pass(runs: dict[str, Run]) -> None:
 def test_a_plan_writing_to_a_live_service_is_warned_about(runs: dict[str, Run]) -> None:
     run = runs["live"]
     assert run.rc == 0, run.out
-    assert "1 warning:" in run.out and "Validation passed with 1 warnings" in run.out
+    assert "1 warning:" in run.out and "Validation passed with 1 warning\n" in run.out
     assert (
         "row 1 (gate-good-1): reward_spec.ground_truth.tool_sequence[1]: "
         "slack.post_message writes to the live slack service" in run.out
