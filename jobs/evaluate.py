@@ -2,12 +2,16 @@
 
     python -m jobs.evaluate --config configs/X.yaml --tasks FILE [--adapter DIR] [--limit N] [--out FILE.json]
 
-Prints the success rate, the mean reward, the mean number of turns and each tool's error rate, and
-writes them as JSON, with one entry per task (`per_task`: task id, template and complexity of its row,
-reward, turns, success, infra_fault, the calls made and the conversation after the prompt) that
-jobs/stats.py pairs across stages; a training run's own evaluations keep the figures only. The engines, runners and
-tool pool are the training run's own (`orchestration.rollout_group`), so an evaluation plays exactly what
-training rollouts play.
+Shows a progress bar over the tasks (on a terminal), then prints the success rate, the mean reward, the
+mean number of turns, each tool's error rate, a table per template (answer right and calls right: solved /
+scored), and the worst failures (lowest reward first; `--failures N`, default 3), each with the expected
+calls and answer beside the calls the model made and its last message. It writes them as JSON, with one
+entry per task (`per_task`: task id, template and complexity of its row, reward, turns, success,
+calls_right, infra_fault, the expected calls and answer, the calls made and the conversation after the
+prompt) that jobs/stats.py pairs across stages, `per_template`, and `worst_failures` (worst first: the
+expected calls and answer, the calls made, the last message); a training run's own evaluations keep the
+figures only. The engines, runners and tool pool are the training run's own (`orchestration.rollout_group`),
+so an evaluation plays exactly what training rollouts play.
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ from typing import Any
 from actors.adapter_io import read_adapter
 from cluster import storage
 from configs.schema import Config, SamplingConfig
-from jobs.cli import base_parser, setup, usage_error
+from jobs.cli import base_parser, counted, setup, usage_error
+from jobs.report import template_table
+from jobs.stats import group_success
 
 
 def greedy(cfg: Config) -> SamplingConfig:
@@ -109,6 +115,62 @@ def _complexity(row: dict[str, Any]) -> str | None:
     return str(gt["complexity"]) if isinstance(gt, dict) and gt.get("complexity") else None
 
 
+def per_template(per_task: list[dict[str, Any]]) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """`per_task` as the columns of the per-template table: the answer right (`success`), and every expected
+    call made (`calls_right`, put in `success`, the outcome jobs/stats.group_success counts)."""
+    return {
+        "answer right": per_task,
+        "calls right": [{**e, "success": e.get("calls_right")} for e in per_task],
+    }
+
+
+def worst_failures(per_task: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
+    """The `n` failed tasks (answer wrong, not spoiled by the infrastructure) with the lowest reward."""
+    failed = [e for e in per_task if not e.get("success") and not e.get("infra_fault")]
+    return sorted(failed, key=lambda e: (e.get("reward", 0.0), e.get("calls_right", False)))[:n]
+
+
+def failure(entry: dict[str, Any]) -> dict[str, Any]:
+    """A failed task's `per_task` entry as `worst_failures` holds it: what the task expected beside what the
+    model did (its calls, and its last message, where a final answer would be)."""
+    said = next((m.get("content") for m in reversed(entry.get("conversation", [])) if m.get("role") == "assistant"), "")
+    return {
+        **{k: entry.get(k) for k in ("task_id", "template", "reward", "turns", "calls_right")},
+        "expected_calls": entry.get("expected_calls", []),
+        "expected_answer": entry.get("expected_answer"),
+        "calls": [{k: c.get(k) for k in ("name", "ok", "error_kind")} for c in entry.get("calls", [])],
+        "last_message": " ".join(str(said or "").split()),
+    }
+
+
+def failure_lines(f: dict[str, Any]) -> list[str]:
+    """A `failure` for the console: expected beside done, one line each."""
+    calls = ", ".join(f"{c['name']} {'ok' if c['ok'] else c['error_kind'] or 'error'}" for c in f["calls"])
+    said = f["last_message"]
+    return [
+        f"  {f['task_id']} [{f['template'] or '-'}]: reward {f['reward']:.3f}, {f['turns']} turn(s)",
+        f"    expected: {', '.join(f['expected_calls']) or '(no calls)'}; answer {f['expected_answer']!r}",
+        f"    model:    {calls or '(no calls)'}; last message {said[:160]!r}{'...' if len(said) > 160 else ''}",
+    ]
+
+
+async def _with_progress(rollout: Any, playing: Any, total: int) -> Any:
+    """Await `playing` with a progress bar of finished episodes on stderr when it is a terminal."""
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, desc="evaluate", unit="task", file=sys.stderr, disable=not sys.stderr.isatty())
+    task = asyncio.ensure_future(playing)
+    try:
+        while not task.done():
+            await asyncio.wait({task}, timeout=1.0)
+            if not bar.disable and not task.done():
+                bar.update((await rollout.stats())["done"] - bar.n)
+        bar.update(total - bar.n)
+        return task.result()
+    finally:
+        bar.close()
+
+
 async def run(cfg: Any, rows: list[dict[str, Any]], adapter: str | None) -> dict[str, Any]:
     import ray
 
@@ -122,7 +184,7 @@ async def run(cfg: Any, rows: list[dict[str, Any]], adapter: str | None) -> dict
         await rollout.start()
         if adapter:
             await rollout.push_adapter(1, ray.put(read_adapter(adapter)))
-        return await evaluate_rows(rollout, rows, greedy(cfg), detail=True)
+        return await _with_progress(rollout, evaluate_rows(rollout, rows, greedy(cfg), detail=True), len(rows))
     finally:
         await rollout.shutdown()
         undeploy_pool(pool)
@@ -136,6 +198,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--limit", type=int, help="play only the first N tasks")
     p.add_argument("--out", help="write the results here as JSON (default: <tasks stem>.eval.json beside the tasks)")
+    p.add_argument("--failures", type=int, default=3, metavar="N", help="show the N worst failures (default 3)")
     args = p.parse_args(argv)
     cfg = setup(args)
     if args.adapter:
@@ -159,7 +222,9 @@ def main(argv: list[str] | None = None) -> None:
 
     with ray_session(cfg.cluster):
         result = asyncio.run(run(cfg, rows, args.adapter))
-    print(f"{len(rows)} tasks, {'adapter ' + args.adapter if args.adapter else 'base model ' + cfg.model.name}")
+    print(
+        f"{counted(len(rows), 'task')}, {'adapter ' + args.adapter if args.adapter else 'base model ' + cfg.model.name}"
+    )
     print(f"  success rate  {result['success_rate']:.1%}  (final answer right)")
     print(f"  calls right   {result['calls_right_rate']:.1%}  (every expected call ran)")
     print(f"  mean reward   {result['mean_reward']:.3f}")
@@ -167,6 +232,26 @@ def main(argv: list[str] | None = None) -> None:
     print(f"  parse failures per turn {result['parse_failure_rate']:.2f}; infra faults {result['infra_faults']}")
     for name, s in result["tool_calls"].items():
         print(f"  {name:40s} {s['calls']:4d} calls, {s['error_rate']:.0%} errors")
+    columns = per_template(result["per_task"])
+    print("per template (solved / scored):", *template_table(columns), sep="\n")
+    result["per_template"] = [
+        {
+            "template": r.group,
+            "complexity": r.complexity,
+            "tasks": r.tasks,
+            "scored": r.scored.get("answer right", 0),
+            "success": r.successes.get("answer right", 0),
+            "calls_right": r.successes.get("calls right", 0),
+        }
+        for r in group_success(columns)
+    ]
+    worst = worst_failures(result["per_task"], args.failures)
+    result["worst_failures"] = [failure(e) for e in worst]
+    failed = sum(not e["success"] and not e["infra_fault"] for e in result["per_task"])
+    if worst:
+        print(f"worst failures ({len(worst)} of {counted(failed, 'failed task')}, lowest reward first):")
+        for f in result["worst_failures"]:
+            print(*failure_lines(f), sep="\n")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     print(f"results: {out}")

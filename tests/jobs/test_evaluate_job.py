@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import pty
+import re
+import struct
 import subprocess
 import sys
+import termios
+import threading
 from pathlib import Path
 
 import pytest
@@ -12,9 +19,35 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def evaluate(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+def evaluate(*args: str, timeout: float = 120, terminal: bool = False) -> subprocess.CompletedProcess:
+    """`python -m jobs.evaluate --config configs/ci-tiny.yaml ARGS`; `terminal`: its stderr is a pseudo-terminal,
+    as in a user's shell (what it shows there, \\r-redrawn lines included, comes back as stderr)."""
     cmd = [sys.executable, "-m", "jobs.evaluate", "--config", "configs/ci-tiny.yaml", *args]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    if not terminal:
+        return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    main, tty = pty.openpty()
+    fcntl.ioctl(tty, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))  # a terminal's size (tqdm fits it)
+    shown: list[bytes] = []
+
+    def drain() -> None:  # the terminal's side: read until the process closes it
+        while True:
+            try:
+                data = os.read(main, 65536)
+            except OSError:
+                return
+            if not data:
+                return
+            shown.append(data)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=tty, text=True, timeout=timeout)
+    finally:
+        os.close(tty)
+        reader.join(timeout=10)
+        os.close(main)
+    return subprocess.CompletedProcess(cmd, proc.returncode, proc.stdout, b"".join(shown).decode(errors="replace"))
 
 
 @pytest.mark.parametrize(
@@ -55,8 +88,10 @@ def test_a_run_writes_each_tasks_calls_and_conversation(tmp_path: Path) -> None:
         "--set",
         "rollout.sampling.max_new_tokens=8",
         timeout=300,
+        terminal=True,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert re.search(r"evaluate: 100%.*2/2", proc.stderr), proc.stderr[-3000:]  # the progress bar, finished
     result = json.loads(out.read_text())
     assert result["tasks"] == 2 and result["episodes"] == 2
     rows = [json.loads(line) for line in tasks.read_text().splitlines()][:2]
@@ -73,3 +108,26 @@ def test_a_run_writes_each_tasks_calls_and_conversation(tmp_path: Path) -> None:
         conversation = task["conversation"]
         assert conversation and conversation[0]["role"] == "assistant", conversation  # the prompt is left out
         assert len([m for m in conversation if m["role"] == "assistant"]) == task["turns"]
+    # The per-template table, in the console and the JSON (from the same per_task entries).
+    templates = {t["template"] for t in result["per_task"]}
+    assert "| template | complexity | tasks | answer right | calls right |" in proc.stdout, proc.stdout
+    assert {r["template"] for r in result["per_template"]} == templates
+    for r in result["per_template"]:
+        mine = [t for t in result["per_task"] if t["template"] == r["template"]]
+        assert r["tasks"] == len(mine) and r["success"] == sum(t["success"] for t in mine)
+        assert r["calls_right"] == sum(t["calls_right"] for t in mine)
+        assert f"| {r['template']} |" in proc.stdout
+    # The worst failures: expected beside done, lowest reward first, in the console and the JSON.
+    failed = sorted(
+        (t for t in result["per_task"] if not t["success"] and not t["infra_fault"]), key=lambda t: t["reward"]
+    )
+    worst = result["worst_failures"]
+    assert [w["task_id"] for w in worst] == [t["task_id"] for t in failed][:3]
+    assert failed, "8 new tokens of tiny-random solve nothing: the failures part must show"
+    for w in worst:
+        task = next(t for t in result["per_task"] if t["task_id"] == w["task_id"])
+        assert w["expected_calls"] == task["expected_calls"] and w["expected_answer"] == task["expected_answer"]
+        assert [c["name"] for c in w["calls"]] == [c["name"] for c in task["calls"]]
+        assert f"  {w['task_id']} [" in proc.stdout
+        assert f"    expected: {', '.join(w['expected_calls'])}; answer {w['expected_answer']!r}" in proc.stdout
+    assert "worst failures (" in proc.stdout

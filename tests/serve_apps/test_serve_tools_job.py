@@ -55,7 +55,7 @@ async def test_serve_tools_serves_mcp_to_an_outside_client_and_stops_on_interrup
         output.wait_for("Serving; press Ctrl-C to stop.", proc)
         url = f"http://127.0.0.1:{port}/mcp/slack/"
         async with Client(url) as client:
-            assert client.initialize_result.serverInfo.version == mcprl_version()  # ours, not FastMCP's
+            assert client.server_info.version == mcprl_version()  # ours, not FastMCP's
             assert {t.name for t in await client.list_tools()} == {"list_channels", "read_history", "post_message"}
             res = await client.call_tool("post_message", {"channel": "general", "text": "from outside"})
             assert res.structured_content["message"]["text"] == "from outside"
