@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo demo-tools test lint bench sandbox clean
+.PHONY: install demo demo-tools test lint bench sandbox inspector clean
 
 # These targets never reach the Hugging Face Hub: their models are built-ins or already cached.
 # (mcprl itself downloads an HF id when online; `HF_HUB_OFFLINE=0 make ...` lets these do so too.)
@@ -33,6 +33,18 @@ sandbox:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq bubblewrap; }
 
+# The MCP Inspector's CLI, an outside MCP client for the pool's tests (git-ignored .cache/). 0.15.0 is the newest
+# release that runs on Node 20 (later ones ask for Node 22). Without npm, or offline, its test is skipped.
+INSPECTOR_VERSION := 0.15.0
+INSPECTOR := .cache/inspector/node_modules/.bin/mcp-inspector
+inspector: $(INSPECTOR)
+
+$(INSPECTOR):
+	@command -v npm >/dev/null || { echo "npm not found: the MCP Inspector test will be skipped"; exit 0; }; \
+	npm install --prefix .cache/inspector --save-exact --no-audit --no-fund -q \
+	  @modelcontextprotocol/inspector@$(INSPECTOR_VERSION) \
+	  || echo "could not install the MCP Inspector: its test will be skipped"
+
 # The main job: SmolLM2-135M learns MCP tool use (warm start → GRPO, two held-out sets), ~24 min on 2 cores.
 demo: install sandbox
 	$(PY) -m jobs.train --config configs/demo-cpu.yaml --run --fresh
@@ -41,7 +53,7 @@ demo: install sandbox
 demo-tools: install sandbox
 	$(PY) -m jobs.demo
 
-test: install sandbox
+test: install sandbox inspector
 	$(PY) -m pytest -q
 
 lint: install

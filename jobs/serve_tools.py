@@ -22,7 +22,7 @@ def print_pool(console: Console, pool: ServeToolPool, tools: dict[str, list[dict
     """One line per server, never cut, so URLs can be copied whatever the terminal's width."""
     console.print("[bold]MCP tool pool[/] (streamable HTTP; handles: serve_apps.tool_pool.ServeToolPool)")
     for server, items in tools.items():
-        console.print(f"  [cyan]{server}[/]  {pool.url(server)}", soft_wrap=True)
+        console.print(f"  [cyan]{server}[/]  {pool.url(server)}  (or {pool.suffixed_url(server)})", soft_wrap=True)
         console.print(f"      {', '.join(t['name'] for t in items)}", soft_wrap=True)
 
 

@@ -84,8 +84,13 @@ def build_front(host: ToolHost, tools: list[dict[str, Any]], prefix: str = "") -
     return front
 
 
+# Each server also answers at its prefix + MCP_SUFFIX (`/mcp/x/mcp`): FastMCP's convention, and the MCP
+# Inspector's CLI, which replaces any URL path not ending in `/mcp` with `/mcp` and so never reaches `/mcp/x/`.
+MCP_SUFFIX = "/mcp"
+
+
 class HttpGate:
-    """ASGI wrapper: bearer-token check, and the bare prefix (`/mcp/x`) served like `/mcp/x/`.
+    """ASGI wrapper: bearer-token check, and the bare prefix (`/mcp/x`) and `/mcp/x/mcp` served like `/mcp/x/`.
 
     Without the path fix every POST to the bare prefix is answered with a 307, which many MCP
     clients do not follow for POST.
@@ -104,7 +109,7 @@ class HttpGate:
                     return
             root = scope.get("root_path", "")
             path = scope.get("path", "")
-            if path in ("", root):
+            if path in ("", root, root + MCP_SUFFIX, root + MCP_SUFFIX + "/"):
                 scope = {**scope, "path": root + "/", "raw_path": (root + "/").encode()}
         await self.app(scope, receive, send)
 

@@ -1,9 +1,9 @@
 """The MCP tool pool: one Ray Serve application per MCP server, and the clients that call it.
 
 Each replica builds its server in-process (FastMCP apps cannot be pickled from the driver) and
-offers two doors: MCP over stateless streamable HTTP at `/mcp/<server>` for any MCP client, and
-handle methods (`call_tool`, `list_tools`) for callers inside the cluster. `LocalToolPool` is the
-same pool without Ray, for unit tests, notebooks and the benchmark's baseline.
+offers two doors: MCP over stateless streamable HTTP at `/mcp/<server>/` (and `/mcp/<server>/mcp`)
+for any MCP client, and handle methods (`call_tool`, `list_tools`) for callers inside the cluster.
+`LocalToolPool` is the same pool without Ray, for unit tests, notebooks and the benchmark's baseline.
 
 Episodes. `call_tool(server, tool, arguments, episode_id=...)` runs a call in that episode's own
 state on a stateful server, and `end_episode(episode_id)` drops the episode's state on every server
@@ -51,7 +51,7 @@ from cluster.retry import REPLICA_RETRY_WAIT_S, RetryPolicy, retry_async
 from configs.schema import Deployment, ExternalServer, PythonToolConfig, ToolsConfig
 from mcp_servers import build_server, health_probe
 from mcp_servers.errors import UnknownTool
-from serve_apps.mcp_front import build_front, http_app
+from serve_apps.mcp_front import MCP_SUFFIX, build_front, http_app
 from serve_apps.tool_host import (
     ClientBackend,
     LocalBackend,
@@ -386,6 +386,10 @@ class ServeToolPool(ToolPool):
 
     def url(self, server: str) -> str:
         return f"{self.base_url}/mcp/{server}/"
+
+    def suffixed_url(self, server: str) -> str:
+        """The same server at a path ending in `/mcp`, for clients that insist on one (the MCP Inspector)."""
+        return self.url(server) + MCP_SUFFIX.lstrip("/")
 
     async def call_tool(
         self, server: str, tool: str, arguments: dict[str, Any] | None = None, *, episode_id: str | None = None

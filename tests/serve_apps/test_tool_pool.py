@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
+import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 import pytest
@@ -18,6 +21,8 @@ from .conftest import STDIO_SERVER
 from .test_pool_episodes import assert_episodes_isolated
 
 BUILTINS = ("polygon", "fmp", "tavily", "slack", "python")
+# The MCP Inspector's CLI, installed by `make inspector` (part of `make test`).
+INSPECTOR = Path(__file__).resolve().parents[2] / ".cache/inspector/node_modules/.bin/mcp-inspector"
 
 # One valid call per built-in tool; a test checks that this covers every tool the pool lists.
 SAMPLE_CALLS: dict[tuple[str, str], dict] = {
@@ -220,9 +225,9 @@ async def test_invalid_arguments_name_the_field(pool):
     assert not r.ok and r.error_kind == "invalid_arguments"
 
 
-@pytest.mark.parametrize("trailing_slash", [True, False])
-async def test_mcp_over_http_with_a_plain_mcp_client(pool, trailing_slash):
-    url = pool.url("notes") if trailing_slash else pool.url("notes").rstrip("/")
+@pytest.mark.parametrize("path", ["prefix/", "prefix", "prefix/mcp"])
+async def test_mcp_over_http_with_a_plain_mcp_client(pool, path):
+    url = {"prefix/": pool.url("notes"), "prefix": pool.url("notes").rstrip("/")}.get(path, pool.suffixed_url("notes"))
     async with Client(url) as client:
         names = {t.name for t in await client.list_tools()}
         assert "notes.add" in names
@@ -231,6 +236,34 @@ async def test_mcp_over_http_with_a_plain_mcp_client(pool, trailing_slash):
         res = await client.call_tool("notes.sleep", {"seconds": 5}, raise_on_error=False)
         assert res.is_error and "timed out" in res.content[0].text
         assert res.meta["mcprl"]["error_kind"] == "timeout"
+
+
+def inspector(url: str, *args: str) -> dict:
+    """One MCP Inspector CLI call (`mcp-inspector --cli <url> --method ...`); the JSON it prints."""
+    if shutil.which("node") is None:
+        pytest.skip("node is not installed: the MCP Inspector's CLI cannot run")
+    if not INSPECTOR.exists():
+        pytest.skip(f"the MCP Inspector's CLI is not installed at {INSPECTOR}: run `make inspector` (needs npm)")
+    done = subprocess.run([str(INSPECTOR), "--cli", url, *args], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"mcp-inspector {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
+    return json.loads(done.stdout)
+
+
+async def test_mcp_inspector_cli_lists_and_calls_tools(pool):
+    """The Inspector's CLI, an outside client, replaces any URL path not ending in /mcp with /mcp, so it
+    reaches a server only at `/mcp/<server>/mcp`."""
+    url = pool.suffixed_url("polygon")
+    assert url.endswith("/mcp/polygon/mcp")
+    listed = await asyncio.to_thread(inspector, url, "--method", "tools/list")
+    tools = {t["name"]: t for t in listed["tools"]}
+    assert set(tools) == {"previous_close", "daily_aggregates", "ticker_details"}
+    assert "ticker" in tools["previous_close"]["inputSchema"]["properties"]
+    args = ["--method", "tools/call", "--tool-name", "previous_close", "--tool-arg", "ticker=AAPL"]
+    called = await asyncio.to_thread(inspector, url, *args)
+    direct = await pool.call_tool("polygon", "previous_close", {"ticker": "AAPL"})  # offline: deterministic
+    assert direct.ok and not called.get("isError")
+    assert called["content"] == [{"type": "text", "text": direct.text}]
+    assert called["structuredContent"] == direct.structured
 
 
 async def test_http_with_two_replicas_answers_every_request(pool):
