@@ -19,7 +19,10 @@ RUN is a run folder (`runs/ci-tiny`, `s3://bucket/runs/x`) or a run name under `
 Weights are saved in `model.dtype`. The adapter is `final_adapter/` unless `--checkpoint step_N` names
 a checkpoint (its `adapter/`); a full run's weights come from the newest checkpoint, or the named one.
 The chat template is the model's own, taught to render `tools=` as training showed them
-(envs/chat_template.py), so an OpenAI server's tool definitions reach the model in its trained form.
+(envs/chat_template.py), so an OpenAI server's tool definitions reach the model in its trained form; a
+request with tools and no system message gets the one the run's training tasks (`data.train`, read where
+the config names it) opened with. mcprl_export.json holds it as `system_prompt` (null: the tasks were not
+found, and a client must send its system message itself).
 
 The folder is written aside and renamed into place (uploaded, for a URI): a failed export leaves nothing.
 """
@@ -180,7 +183,8 @@ def _write(src: RunSource, folder: Path, kind: str, final: str, progress: Any) -
     import torch
 
     from actors.models import load_tokenizer, resolve_model
-    from envs.chat_template import served_chat_template
+    from envs.chat_template import served_chat_template, training_system_prompt
+    from tasks.io import TaskFileError, read_rows
 
     cfg = src.cfg
     info: dict[str, Any] = {
@@ -194,7 +198,12 @@ def _write(src: RunSource, folder: Path, kind: str, final: str, progress: Any) -
     progress(f"export: base model {cfg.model.name!r}")
     base_folder = resolve_model(cfg.model.name, cfg.model.cache_dir)
     tokenizer = load_tokenizer(cfg.model)
-    tokenizer.chat_template = served_chat_template(tokenizer, cfg.env)
+    try:
+        info["system_prompt"] = training_system_prompt(read_rows(cfg.data.train)) if cfg.data.train else None
+    except TaskFileError as e:
+        info["system_prompt"] = None
+        progress(f"export: no training tasks ({e}): a request with tools= must send its own system message")
+    tokenizer.chat_template = served_chat_template(tokenizer, cfg.env, info["system_prompt"])
     dtype = getattr(torch, cfg.model.dtype)
 
     if kind == "lora_adapter":

@@ -10,7 +10,8 @@ this process becomes `python -m vllm.entrypoints.openai.api_server` (same PID: s
 server) with
 - `--enable-auto-tool-choice --tool-call-parser hermes`: our models write
   `<tool_call>{"name": ..., "arguments": ...}</tool_call>` (envs/parsing.py), which the hermes parser turns
-  into OpenAI `tool_calls`; the exported chat template shows `tools=` as training did (envs/chat_template.py).
+  into OpenAI `tool_calls`; the exported chat template shows `tools=` as training did, after the training
+  tasks' system message when the request has none (envs/chat_template.py).
   Tool names are used as they are, on both sides: ours are `server.tool` (tasks/inventory.py), which vLLM
   accepts and the model writes as trained. OpenAI's own API allows only [a-zA-Z0-9_-]{1,64}, so a client
   that checks names against that pattern refuses them (the `openai` package does not check);

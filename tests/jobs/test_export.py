@@ -4,8 +4,10 @@ and PEFT: the exported model's logits are the trained policy's."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +17,7 @@ import torch
 
 from actors.learner import Learner
 from configs.schema import Config
-from jobs.export import ExportError, export
+from jobs.export import EXPORT_INFO, ExportError, export
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 2
@@ -29,6 +31,7 @@ def tiny_config(name: str, mode: str) -> Config:
     cfg.learner.dtype = "float32"
     cfg.finetune.mode = mode
     cfg.finetune.lora.r = 4
+    cfg.data.train = ""  # no task file: the export adds no default system message (a test names one)
     return cfg
 
 
@@ -131,6 +134,51 @@ def test_lora_run_exports_a_peft_folder_and_merged_weights(runs: dict, tmp_path:
     merged = AutoModelForCausalLM.from_pretrained(merged_dir).eval()
     assert merged.dtype == torch.float32  # model.dtype of the run
     torch.testing.assert_close(policy_logits(merged), peft_logits, rtol=0, atol=1e-4)
+
+
+def test_openai_tools_render_as_training_rendered_the_task(runs: dict, tmp_path: Path) -> None:
+    """A request as an OpenAI client sends it (a user message and tools=, no system message) reaches the
+    exported model as training rendered the task (envs/prompting.py): the tasks' system message, then the
+    tool block. A request with a system message of its own keeps it, with the tool block after it."""
+    from transformers import AutoTokenizer
+
+    from actors.models import load_tokenizer
+    from envs.prompting import _as_function, render_prompt, tool_block
+    from serve_apps.tool_pool import LocalToolPool
+    from tasks.generators.rule import SYSTEM_PROMPT
+    from tasks.inventory import inventory_tools_for_prompt
+    from tasks.io import write_rows
+
+    question = {"role": "user", "content": "What was Apple's previous close?"}
+    tasks = tmp_path / "train.jsonl"  # the run's training tasks: all but one open with the rule system prompt
+    rows = [{"prompt": [{"role": "system", "content": text}, question]} for text in [SYSTEM_PROMPT] * 3 + ["Other."]]
+    write_rows(rows, tasks)
+    run = tmp_path / "run-tasks"
+    shutil.copytree(runs["lora"][0], run, ignore=shutil.ignore_patterns("export*"))
+    cfg = Config.model_validate(json.loads((run / "config.json").read_text()))
+    cfg.data.train = str(tasks)
+    (run / "config.json").write_text(json.dumps(cfg.model_dump(mode="json")))
+    run_export("--run", str(run))
+    info = json.loads((run / "export" / EXPORT_INFO).read_text())
+    assert info["system_prompt"] == SYSTEM_PROMPT
+
+    async def listing() -> dict:
+        pool = await LocalToolPool.create(cfg.tools)
+        try:
+            return await pool.list_tools()
+        finally:
+            await pool.close()
+
+    tools = inventory_tools_for_prompt(asyncio.run(listing()), {"polygon", "fmp"})
+    served = AutoTokenizer.from_pretrained(run / "export")
+    trained = load_tokenizer(cfg.model)
+    task_system, own = {"role": "system", "content": SYSTEM_PROMPT}, {"role": "system", "content": "Be brief."}
+    for request, task in (([question], [task_system, question]), ([own, question], [own, question])):
+        shown = served.apply_chat_template(
+            request, tools=[_as_function(t) for t in tools], add_generation_prompt=True, tokenize=False
+        )
+        assert tool_block(tools, cfg.env.final_answer, cfg.env.tool_format) in shown
+        assert shown == render_prompt(trained, task, tools, cfg.env.final_answer, cfg.env.tool_format)
 
 
 def test_qlora_run_merges_into_its_4bit_base(runs: dict, tmp_path: Path) -> None:

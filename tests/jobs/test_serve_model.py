@@ -89,7 +89,7 @@ def pool() -> Iterator[tuple[list[dict], LocalToolPool]]:
 @dataclass
 class TrainedRun:
     folder: Path
-    prompt_ids: list[int]  # the question with the tools, as the exported template renders it
+    prompt_ids: list[int]  # the task (system message, question) with the tools, as training renders it
     tokenizer: PreTrainedTokenizerBase
     steps: int
 
@@ -119,26 +119,31 @@ def memorise(learner: Learner, prompt: list[int], target: list[int]) -> int:
 
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory: pytest.TempPathFactory, pool: tuple[list[dict], LocalToolPool]) -> TrainedRun:
-    """A full fine-tune run of tiny-random, trained (real Learner.sft_step) on ONE expert sample: the
-    question with our pool's tools, rendered by the chat template the export ships (so exactly what the
-    server will render for the same OpenAI request), then the call as training writes calls."""
+    """A full fine-tune run of tiny-random, trained (real Learner.sft_step) on ONE expert sample: its one
+    task (a system message and the question) with our pool's tools, rendered as training renders it
+    (envs/prompting.py), then the call as training writes calls."""
     import torch
 
     from actors.learner import Learner
     from actors.models import load_tokenizer
-    from envs.chat_template import served_chat_template
     from envs.parsing import format_tool_call
+    from envs.prompting import encode, render_prompt
+    from tasks.generators.rule import SYSTEM_PROMPT
+    from tasks.io import write_rows
     from tests.jobs.test_export import save_run, tiny_config
 
     functions, _ = pool
-    folder = tmp_path_factory.mktemp("serve") / "served-run"
+    root = tmp_path_factory.mktemp("serve")
+    folder = root / "served-run"
     cfg = tiny_config(folder.name, "full")
     cfg.sft_warmup.lr = SFT_LR
+    # Its training task opens with the rule generator's system message; the user's request will not.
+    task = [{"role": "system", "content": SYSTEM_PROMPT}, *QUESTION]
+    cfg.data.train = str(root / "train.jsonl")
+    write_rows([{"prompt": task}], cfg.data.train)
     tokenizer = load_tokenizer(cfg.model)
-    tokenizer.chat_template = served_chat_template(tokenizer, cfg.env)
-    prompt = tokenizer.apply_chat_template(
-        QUESTION, tools=functions, add_generation_prompt=True, tokenize=True, return_dict=False
-    )
+    tools = [f["function"] for f in functions]
+    prompt = encode(tokenizer, render_prompt(tokenizer, task, tools, cfg.env.final_answer, cfg.env.tool_format))
     # The template ends an assistant turn with the tokenizer's EOS (<|im_end|>): the server stops there.
     target = tokenizer.encode(format_tool_call(TOOL, ARGUMENTS), add_special_tokens=False)
     target += [tokenizer.eos_token_id]
@@ -236,7 +241,8 @@ def test_auth_and_the_servers_rendering_is_the_trained_one(
         openai.OpenAI(base_url=url, api_key="wrong").models.list()
     client = openai.OpenAI(base_url=url, api_key=TOKEN)
     assert [m.id for m in client.models.list().data] == [trained_run.folder.name]
-    # The OpenAI request reaches the model as the training sample's prompt, token for token.
+    # The OpenAI request (the question and tools=, no system message) reaches the model as the training
+    # sample's prompt, token for token: the exported template adds the tasks' system message.
     assert tokenize(url, QUESTION, pool[0], generation_prompt=True) == trained_run.prompt_ids
 
 
