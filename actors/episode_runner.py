@@ -52,7 +52,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from actors.engine_api import EngineError, Generation, TurnDoesNotFit
 from actors.trajectory import Trajectory
@@ -60,6 +60,9 @@ from configs.schema import Config, EnvConfig, SamplingConfig
 from envs import prompting
 from envs.mcp_tool_env import MCPToolEnv
 from envs.prompting import ToolPrompt, tool_prompt_for
+
+if TYPE_CHECKING:
+    from envs.judge import JudgeLike
 
 log = logging.getLogger(__name__)
 
@@ -223,7 +226,7 @@ class EpisodeRunner:
         max_concurrent_episodes: int | None = None,
         progress: bool | None = None,
         tool_client: Any = None,
-        judge: Any = None,
+        judge: JudgeLike | None = None,
     ) -> None:
         """`tool_client` / `judge`: what every episode's env uses (None = built from the config, per process)."""
         if not engines:

@@ -99,7 +99,9 @@ REDACTED = "[redacted]"
 
 
 class JudgeLike(Protocol):
-    """What reward code calls: the in-process `Judge`, or the Serve deployment's handle wrapper."""
+    """The judge's one interface, what reward code calls. Two classes implement it: `Judge` (in this
+    process) and `envs.judge_serve.JudgeHandle` (the Serve deployment, reached by handle; the deployment
+    itself only relays these calls). Whatever holds a judge (env, runner, driver) types it as this."""
 
     async def score(
         self,
@@ -388,7 +390,7 @@ def check_group_answer(answer: dict[str, Any], n: int) -> list[float]:
 # --------------------------------------------------------------------------- the judge
 
 
-class Judge:
+class Judge(JudgeLike):
     """The judge in this process: a `StructuredClient` and the judge config.
 
     `limiter`: anything with `async acquire()` (e.g. `serve_apps.tool_host.RateLimiter`), awaited before

@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 
 APP_NAME = "judge"
 MAX_CONCURRENT_BATCHES = 4  # batches in flight at once; the client's concurrency bounds the requests
+BATCHED_CALLS = ("score", "rank_group")  # the JudgeLike calls the deployment relays to its Judge
 
 
 def _deployment_class() -> Any:
@@ -54,19 +55,12 @@ def _deployment_class() -> Any:
             self._batched.set_max_batch_size(cfg.max_batch_size)
             self._batched.set_batch_wait_timeout_s(cfg.batch_wait_s)
 
-        async def score(
-            self,
-            conversation: list[dict[str, Any]],
-            latest_action: str,
-            ground_truth: dict[str, Any],
-            rubric: dict[str, float] | None = None,
-        ) -> dict[str, Any]:
-            return await self._batched(("score", (conversation, latest_action, ground_truth, rubric)))
-
-        async def rank_group(
-            self, trajectories: list[list[dict[str, Any]]], ground_truth: dict[str, Any]
-        ) -> dict[str, Any]:
-            return await self._batched(("rank_group", (trajectories, ground_truth)))
+        async def call(self, method: str, args: tuple[Any, ...]) -> dict[str, Any]:
+            """One `JudgeLike` call that `JudgeHandle` relays (`score` or `rank_group`), batched with the
+            others in flight: the interface is written once, in the protocol, not again here."""
+            if method not in BATCHED_CALLS:
+                raise ValueError(f"judge deployment: no call {method!r}; it relays {BATCHED_CALLS}")
+            return await self._batched((method, args))
 
         @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.02, max_concurrent_batches=MAX_CONCURRENT_BATCHES)
         async def _batched(self, items: list[tuple[str, tuple[Any, ...]]]) -> list[dict[str, Any]]:
@@ -89,8 +83,9 @@ def judge_secrets(cfg: JudgeConfig) -> dict[str, str]:
     return {k: os.environ[k] for k in names if os.environ.get(k)}
 
 
-class JudgeHandle:
-    """The Serve judge, called like the in-process `Judge` (same async methods, same results)."""
+class JudgeHandle(JudgeLike):
+    """The Serve judge as a `JudgeLike`: same calls and results as the in-process `Judge`; a replica that
+    dies becomes an infra_fault result."""
 
     def __init__(self, handle: Any, app_name: str = APP_NAME, retries: int = 2) -> None:
         self.handle = handle
@@ -107,7 +102,7 @@ class JudgeHandle:
             log.warning("judge replica died (%s), attempt %d/%d", type(e).__name__, attempt, policy.attempts)
 
         async def once(_: int) -> dict[str, Any] | None:
-            return await getattr(self.handle, method).remote(*args)
+            return await self.handle.call.remote(method, args)
 
         try:
             return await retry_async(once, policy, retry_exc=lambda e: isinstance(e, RayActorError), on_retry=died)

@@ -54,7 +54,7 @@ from collections import OrderedDict
 from collections.abc import Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput, ConversationType
 
@@ -66,6 +66,9 @@ from envs.tool_client import ToolClient, judge_from_config, resolve_tool_client
 from tasks.inventory import ToolListing, inventory_from_listing, inventory_tools_for_prompt
 from tasks.observation import cut, result_text
 from tasks.schema import GroundTruth
+
+if TYPE_CHECKING:
+    from envs.judge import JudgeLike
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -179,7 +182,7 @@ class MCPToolEnv(BaseTextEnv):
         extras: Mapping[str, Any] | None = None,
         *,
         tool_client: ToolClient | None = None,
-        judge: Any = None,
+        judge: JudgeLike | None = None,
     ) -> None:
         super().__init__()
         self.env_cfg, self.reward_cfg = resolve_configs(env_config)
@@ -402,7 +405,7 @@ class MCPToolEnv(BaseTextEnv):
         return {"role": self.env_cfg.observation_role, "content": content}
 
     @property
-    def judge(self) -> Any:
+    def judge(self) -> JudgeLike:
         if self._judge is None:
             self._judge = judge_from_config(self.reward_cfg)
         return self._judge

@@ -30,9 +30,12 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Coroutine, Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from configs.schema import JudgeConfig, RewardConfig, ToolsConfig, ToolSource
+
+if TYPE_CHECKING:
+    from envs.judge import JudgeLike
 
 log = logging.getLogger(__name__)
 
@@ -200,11 +203,11 @@ def resolve_tool_client(source: ToolSource, tools: Any = None) -> ToolClient:
 # --------------------------------------------------------------------------- judge
 
 
-def judge_from_config(cfg: RewardConfig | JudgeConfig) -> Any:
+def judge_from_config(cfg: RewardConfig | JudgeConfig) -> JudgeLike:
     """The judge `judge.source` names, built once per process and config (see envs.judge_serve.judge_client)."""
     reward = cfg if isinstance(cfg, RewardConfig) else RewardConfig(judge=cfg)
 
-    async def build() -> Any:
+    async def build() -> JudgeLike:
         from envs.judge_serve import judge_client
 
         return await asyncio.to_thread(judge_client, reward)  # may join Ray and deploy: blocking calls

@@ -5,9 +5,12 @@ judge's rewards."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from configs.schema import Config
+
+if TYPE_CHECKING:
+    from envs.judge import JudgeLike
 
 
 def succeeded(traj: Any) -> bool:
@@ -42,7 +45,7 @@ def record_outcomes(
         metrics["curriculum/tasks_in_band"] = float(sampler.tasks_in_band())
 
 
-async def judge_groups(trajs: list[Any], tasks: list[dict[str, Any]], judge: Any) -> list[Any]:
+async def judge_groups(trajs: list[Any], tasks: list[dict[str, Any]], judge: JudgeLike) -> list[Any]:
     """group_judge: one judge call per group scores its episodes; groups it cannot score are dropped."""
     from envs.judge import group_judge
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from configs.schema import Config
 
 if TYPE_CHECKING:
+    from envs.judge import JudgeLike
+    from envs.judge_serve import JudgeHandle
     from jobs.tracking import Tracker
     from orchestration.learner_group import LearnerGroup
     from orchestration.rollout_group import RolloutGroup
@@ -18,7 +20,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("mcprl.train")
 
 
-def start_judge(cfg: Config) -> Any:
+def start_judge(cfg: Config) -> JudgeLike | None:
     """The judge the run scores with: none for heuristic rewards, else the deployment's handle, or an
     in-process client (source local). The runners' envs reach the deployment through its handle, passed to
     them; the driver itself scores whole groups (group_judge). An in-process judge stays in the driver."""
@@ -35,12 +37,12 @@ class Services:
     fails half-way leaves the rest None)."""
 
     pool: ServeToolPool | None = None
-    judge: Any = None  # start_judge's: a JudgeHandle, an in-process judge, or None
+    judge: JudgeLike | None = None  # start_judge's: a JudgeHandle, an in-process Judge, or None
     rollout: RolloutGroup | None = None
     learner: LearnerGroup | None = None
     tracker: Tracker | None = None  # the driver finishes it last (close() leaves it)
 
-    def runner_judge(self) -> Any:
+    def runner_judge(self) -> JudgeHandle | None:
         """What the runner actors get: the deployment's handle; None makes each build its own from config."""
         from envs.judge_serve import JudgeHandle
 

@@ -70,7 +70,8 @@ class RolloutGroup(PolicyPushes):
     """`cfg.rollout.engines` engine actors and `cfg.rollout.runners` runner actors (see the module doc)."""
 
     def __init__(self, cfg: Config, tool_pool: Any, *, judge: Any = None, start_timeout_s: float = 900.0) -> None:
-        """`tool_pool`: what `deploy_pool` returned; `judge`: what `deploy_judge` returned, or None (both must
+        """`tool_pool`: what `deploy_pool` returned; `judge`: what `deploy_judge` returned (a `JudgeHandle`, an
+        `envs.judge.JudgeLike`; typed Any because orchestration/ may not import envs/), or None (both must
         pickle: they travel to the runner actors)."""
         self.cfg = cfg
         self.tool_pool = tool_pool
