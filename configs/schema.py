@@ -665,7 +665,7 @@ class DeepspeedConfig(Strict):
         return value
 
 
-# DeepSpeed config keys the learner derives itself (actors/sharding.py, DeepspeedBackend).
+# DeepSpeed config keys the learner derives itself (actors/sharding/deepspeed_zero.py, DeepspeedBackend).
 DEEPSPEED_OWNED_KEYS = frozenset(
     {
         "train_batch_size",

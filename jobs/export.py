@@ -286,7 +286,7 @@ def _load_nf4_base(model: Any, cfg: Any) -> None:
 
 def _load_full_state(model: Any, state: str) -> None:
     """A full run's trained weights from a checkpoint's `state/`, any world size, without a process group: a
-    DCP checkpoint (FSDP2 or one rank, saved by actors/sharding.py as {"model": ..., "optim": ...}) or a
+    DCP checkpoint (FSDP2 or one rank, saved by actors/sharding/ as {"model": ..., "optim": ...}) or a
     DeepSpeed ZeRO checkpoint (its partitions consolidated)."""
     import warnings
 

@@ -11,7 +11,7 @@
 This file holds the constructor and `setup`, which builds what the others use.
 
 Precision: what trains is kept in float32 (full mode: the whole model; LoRA: the adapter, over a frozen
-base in `learner.dtype`); the forward computes in `learner.dtype` (see actors/sharding.py).
+base in `learner.dtype`); the forward computes in `learner.dtype` (see actors/sharding/).
 QLoRA (`finetune.mode: qlora`, one rank) is LoRA over a base loaded in 4 bit (actors/qlora.py): the
 reference, pushes and checkpoints are LoRA's; a merged push dequantizes the base.
 """

@@ -1,4 +1,4 @@
-"""actors/sharding.py helpers that need no process group."""
+"""actors/sharding/ helpers that need no process group."""
 
 from __future__ import annotations
 
