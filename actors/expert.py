@@ -44,7 +44,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from actors.engine_api import EngineError, Generation, TurnDoesNotFit
-from actors.episode_runner import ChatTemplate, EpisodeRunner, _task_id
+from actors.episode_runner import EpisodeRunner, _task_id
+from actors.template_tokens import ChatTemplate
 from actors.trajectory import Trajectory
 from configs.schema import Config, SamplingConfig
 from envs.mcp_tool_env import MCPToolEnv

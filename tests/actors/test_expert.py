@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from actors.engine_api import EngineError, TurnDoesNotFit
-from actors.episode_runner import ChatTemplate
 from actors.expert import ExpertEngine, check_rows, expert_trajectories
 from actors.models import load_tokenizer
+from actors.template_tokens import ChatTemplate
 from actors.trajectory import Trajectory
 from configs.loader import load_config
 from configs.schema import Config, SamplingConfig
