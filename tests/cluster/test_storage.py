@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from cluster import storage
-from jobs.train import latest_checkpoint
 
 
 @pytest.fixture
@@ -73,16 +72,6 @@ def test_mirror_pushes_what_changed(root: str, tmp_path: Path) -> None:
     again = storage.Mirror(tmp_path / "elsewhere", storage.join(root, "run"))
     again.pull(skip=("report",))
     assert sorted(p.name for p in again.local.iterdir()) == ["metrics.jsonl"]
-
-
-def test_latest_checkpoint_counts_only_complete_ones(root: str) -> None:
-    run = storage.join(root, "run")
-    assert latest_checkpoint(run) is None
-    for step in (1, 2, 10):
-        storage.write_text(storage.join(run, "checkpoints", f"step_{step}", "state", "x"), "x")
-    for step in (1, 2):  # step_10 lacks meta.json: its save died before the end
-        storage.write_text(storage.join(run, "checkpoints", f"step_{step}", "meta.json"), "{}")
-    assert latest_checkpoint(run) == storage.join(run, "checkpoints", "step_2")
 
 
 def test_paths_resolve_outside_a_job_and_inside_one(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -188,33 +188,6 @@ def test_dotenv_is_read_and_environment_wins(tmp_path, monkeypatch):
     monkeypatch.delenv("TAVILY_API_KEY")
 
 
-def test_weight_push_auto_is_merged_only_for_vllm_on_cpu() -> None:
-    from actors.engine_api import weight_push
-    from configs.schema import Config
-
-    def resolve(**over: object) -> str:
-        cfg = Config()
-        for key, value in over.items():
-            section, field = key.split("__")
-            setattr(getattr(cfg, section), field, value)
-        return weight_push(cfg)
-
-    assert resolve(finetune__mode="full") == "full"  # the weights themselves, whatever weight_push says
-    assert resolve(rollout__backend="vllm") == "merged"  # vLLM on CPU: its LoRA path is ~9x slower
-    assert resolve(rollout__backend="hf") == "adapter"
-    assert resolve(rollout__backend="hf", rollout__weight_push="merged") == "merged"
-    assert resolve(rollout__backend="vllm", rollout__weight_push="adapter") == "adapter"
-    # qlora: merged (the dequantized 4-bit base with the adapter in) whatever the engine; the adapter over the
-    # unquantized base drifts from the learner's policy (mean logprob gap 1.14 vs 0.09 on SmolLM2-135M)
-    assert resolve(finetune__mode="qlora", rollout__backend="vllm") == "merged"
-    assert resolve(finetune__mode="qlora", rollout__backend="hf") == "merged"
-    assert resolve(finetune__mode="qlora", rollout__backend="hf", rollout__weight_push="adapter") == "adapter"
-    gpu = Config()
-    gpu.rollout.backend = "vllm"
-    gpu.rollout.engine_resources.num_gpus = 1
-    assert weight_push(gpu) == "adapter"  # GPU LoRA kernels are fast
-
-
 def test_algorithm_options_and_a_group_of_one_only_for_ppo() -> None:
     cfg = load_config(overrides=["algorithm.advantage=dr_grpo", "algorithm.dr_grpo_norm_tokens=512"])
     assert cfg.algorithm.name == "grpo" and cfg.algorithm.dr_grpo_norm_tokens == 512
@@ -227,3 +200,15 @@ def test_algorithm_options_and_a_group_of_one_only_for_ppo() -> None:
         load_config(overrides=["algorithm.name=ppo", "algorithm.lam=1.5"])
     with pytest.raises(ConfigError, match=r"algorithm\.name"):
         load_config(overrides=["algorithm.name=a2c"])
+
+
+DS = ["learner.backend=deepspeed", "learner.workers=2"]
+
+
+def test_config_refuses_what_deepspeed_cannot_do() -> None:
+    with pytest.raises(ConfigError, match=r"learner\.deepspeed\.config.*gradient_clipping.*learner\.optim"):
+        load_config(None, [*DS, 'learner.deepspeed.config={"gradient_clipping": 2.0}'])
+    with pytest.raises(ConfigError, match=r"learner\.deepspeed\.stage"):
+        load_config(None, [*DS, "learner.deepspeed.stage=1"])
+    assert load_config(None, [*DS, "learner.deepspeed.stage=3"]).learner.deepspeed.stage == 3
+    assert load_config(None, ["learner.backend=deepspeed", "learner.workers=1", "finetune.mode=full"])

@@ -83,3 +83,12 @@ def test_a_deletion_cut_short_leaves_the_newest_whole(run: str, monkeypatch: pyt
     assert sorted(storage.list_names(checkpoint_path(run, 3))) == ["meta.json", "state", "trainer.pt"]
     assert prune_checkpoints(run, 1, {}) == [1, 2]  # the next pruning finishes the job
     assert checkpoint_steps(run) == ([3], [])
+
+
+def test_latest_checkpoint_counts_only_complete_ones(run: str) -> None:
+    assert latest_checkpoint(run) is None
+    for step in (1, 2, 10):
+        storage.write_text(storage.join(run, "checkpoints", f"step_{step}", "state", "x"), "x")
+    for step in (1, 2):  # step_10 lacks meta.json: its save died before the end
+        storage.write_text(storage.join(run, "checkpoints", f"step_{step}", "meta.json"), "{}")
+    assert latest_checkpoint(run) == storage.join(run, "checkpoints", "step_2")

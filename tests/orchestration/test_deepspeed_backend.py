@@ -1,25 +1,16 @@
 """The DeepSpeed learner backend on a real local Ray: two ZeRO ranks over gloo (CPU), LoRA and full fine-tune,
-checkpoints that resume exactly; and the errors for what it does not do."""
+checkpoints that resume exactly (what needs no process group: tests/actors/test_sharding.py)."""
 
 from __future__ import annotations
-
-import importlib.util
-import os
-import sys
 
 import pytest
 import ray
 import torch
 
-from actors.sharding import DeepspeedBackend, NoShardBackend, make_backend
-from configs.loader import ConfigError, load_config
-from configs.schema import Config, DeepspeedConfig
+from configs.schema import Config
 from orchestration.learner_group import LearnerGroup
+from tests.actors.test_sharding import requires_deepspeed
 from tests.orchestration.test_learner_group import fixed_batch, make_cfg, mean_logprob
-
-requires_deepspeed = pytest.mark.skipif(
-    importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed (extra `deepspeed`)"
-)
 
 
 def ds_cfg(mode: str, stage: int, lr: float) -> Config:
@@ -92,46 +83,3 @@ async def test_deepspeed_group_learns_and_resumes_exactly(ray_cluster, tmp_path,
         assert before["pushed"] and set(before["pushed"]) <= set(exported)
         for name, pushed in before["pushed"].items():
             torch.testing.assert_close(exported[name].to(pushed.dtype), pushed, msg=name)  # float32 masters
-
-
-DS = ["learner.backend=deepspeed", "learner.workers=2"]
-
-
-def test_config_refuses_what_deepspeed_cannot_do() -> None:
-    with pytest.raises(ConfigError, match=r"learner\.deepspeed\.config.*gradient_clipping.*learner\.optim"):
-        load_config(None, [*DS, 'learner.deepspeed.config={"gradient_clipping": 2.0}'])
-    with pytest.raises(ConfigError, match=r"learner\.deepspeed\.stage"):
-        load_config(None, [*DS, "learner.deepspeed.stage=1"])
-    assert load_config(None, [*DS, "learner.deepspeed.stage=3"]).learner.deepspeed.stage == 3
-    assert load_config(None, ["learner.backend=deepspeed", "learner.workers=1", "finetune.mode=full"])
-
-
-def test_one_rank_shards_nothing_and_a_missing_deepspeed_says_how_to_install(monkeypatch) -> None:
-    kw = {"rank": 0, "device": torch.device("cpu"), "dtype": torch.float32}
-    assert isinstance(make_backend("deepspeed", world_size=1, **kw), NoShardBackend)
-    with pytest.raises(ValueError, match=r"unknown sharding backend 'zero'.*fsdp2, deepspeed"):
-        make_backend("zero", world_size=2, **kw)
-    monkeypatch.setitem(sys.modules, "deepspeed", None)  # `import deepspeed` now fails
-    with pytest.raises(ImportError, match=r"learner.backend deepspeed needs the deepspeed package.*\[deepspeed\]"):
-        make_backend("deepspeed", world_size=2, **kw)
-
-
-@requires_deepspeed
-def test_the_engine_config_keeps_the_learners_keys(monkeypatch) -> None:
-    monkeypatch.setenv("LOCAL_RANK", "7")  # restored after the test
-    options = DeepspeedConfig(stage=3, config={"zero_optimization": {"stage": 1, "reduce_bucket_size": 1000}})
-    backend = make_backend(
-        "deepspeed",
-        world_size=2,
-        rank=1,
-        device=torch.device("cpu"),
-        dtype=torch.bfloat16,
-        deepspeed=options,
-        grad_clip=0.5,
-    )
-    assert isinstance(backend, DeepspeedBackend) and backend.grad_scale == 2.0
-    assert os.environ["LOCAL_RANK"] == "0"  # DeepSpeed's device index; Ray gives each rank its own device
-    config = backend.config()
-    zero = {"stage": 3, "reduce_bucket_size": 1000, "stage3_param_persistence_threshold": 0}
-    assert config["zero_optimization"] == zero
-    assert config["gradient_clipping"] == 0.5 and config["managed_gradient_accumulation"] is False
