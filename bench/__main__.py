@@ -18,9 +18,9 @@ import time
 
 from rich.console import Console
 
-import cluster.ray_env  # noqa: F401  (before ray: loopback-only listeners)
 from bench.options import NOT_IN_ALL, SUITES, BenchOptions
 from bench.results import write
+from cluster.ray_env import configure_ray_env
 from configs.loader import ConfigError, load_dotenv_file
 from jobs.cli import usage_error
 
@@ -61,6 +61,7 @@ def run_suite(name: str, opts: BenchOptions, console: Console) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    configure_ray_env()  # before any suite imports ray: loopback-only listeners
     opts = parse(argv)
     load_dotenv_file()
     console = Console(width=None if sys.stdout.isatty() else 150)  # a log file gets whole tables

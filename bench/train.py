@@ -52,7 +52,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import cluster.ray_env  # noqa: F401  (before ray: loopback-only listeners)
 from bench.options import BenchOptions, TrainOptions
 from bench.results import Row, SuiteResult, machine, spread
 from configs.schema import Config

@@ -25,9 +25,7 @@ log = logging.getLogger(__name__)
 _EMBEDDED_ENV = {
     "RAY_USAGE_STATS_ENABLED": "0",
     # With this off, Ray binds its listeners to 127.0.0.1 instead of the machine's address.
-    # Ray reads it once, when `ray` is first imported: so it is set here, at import time, and
-    # entry points import this module before anything imports ray. `ray job submit` sets
-    # RAY_ADDRESS, and then we leave Ray's networking alone unless that address is loopback.
+    # Ray reads it once, when `ray` is first imported: see configure_ray_env.
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
     "RAY_DEDUP_LOGS": "1",
 }
@@ -39,11 +37,19 @@ def on_loopback(address: str) -> bool:
     return host.rpartition(":")[0].strip("[]") in ("127.0.0.1", "localhost", "::1")
 
 
-# A driver joining a cluster at a loopback address needs the same setting: without it Ray rewrites
-# 127.0.0.1 into the machine's address, where a loopback-only GCS never answers (minutes of retries).
-if not os.environ.get("RAY_ADDRESS") or on_loopback(os.environ["RAY_ADDRESS"]):
-    for _key, _value in _EMBEDDED_ENV.items():
-        os.environ.setdefault(_key, _value)
+def configure_ray_env() -> None:
+    """Set the embedded Ray's environment (loopback-only listeners, no telemetry) in this process, where
+    not set already; idempotent. Ray reads it when `ray` is first imported, so every entry point calls
+    this before anything imports ray (jobs.cli.setup, bench's main, tests/conftest.py); no module of ours
+    imports ray at module level. `start_ray` and preflight's `cluster_view` call it too, for callers that
+    are no entry point. `ray job submit` sets RAY_ADDRESS, and then Ray's networking is left alone unless
+    that address is loopback: a driver joining a cluster there needs the same setting, else Ray rewrites
+    127.0.0.1 into the machine's address, where a loopback-only GCS never answers (minutes of retries)."""
+    address = os.environ.get("RAY_ADDRESS")
+    if address and not on_loopback(address):
+        return
+    for key, value in _EMBEDDED_ENV.items():
+        os.environ.setdefault(key, value)
 
 
 def replica_on_loopback() -> None:
@@ -187,6 +193,7 @@ def _dashboard_url() -> str | None:
 
 def start_ray(cfg: ClusterConfig) -> RayHandle:
     """Connect to the configured cluster, or start an embedded one (idempotent within a process)."""
+    configure_ray_env()  # in time when ray is not imported yet; else the warning below says what went wrong
     import ray
 
     if ray.is_initialized():  # preflight connected first, or a test session's Ray
@@ -210,7 +217,7 @@ def start_ray(cfg: ClusterConfig) -> RayHandle:
     )
     log.info("started an embedded Ray (%s CPUs)", ray.cluster_resources().get("CPU"))
     if ray.util.get_node_ip_address() != "127.0.0.1":
-        log.warning("embedded Ray listens beyond loopback: `ray` was imported before `cluster.ray_env`")
+        log.warning("embedded Ray listens beyond loopback: `ray` was imported before configure_ray_env()")
     return RayHandle(info.address_info["gcs_address"], started_here=True, dashboard_url=info.dashboard_url or None)
 
 

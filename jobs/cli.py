@@ -8,7 +8,7 @@ import os
 import sys
 from typing import Any, NoReturn
 
-from cluster.ray_env import RayAddressError  # first: sets Ray's loopback-only environment before `ray` is imported
+from cluster.ray_env import RayAddressError, configure_ray_env
 from configs.loader import ConfigError, load_config, load_dotenv_file
 from configs.schema import Config
 
@@ -52,7 +52,9 @@ def _clean_errors(kind: type, value: BaseException, tb: Any) -> None:
 
 
 def setup(args: argparse.Namespace) -> Config:
-    """Logging, `.env`, then the validated config; a bad config is a usage error."""
+    """Ray's loopback-only environment (before anything imports ray), logging, `.env`, then the validated
+    config; a bad config is a usage error."""
+    configure_ray_env()
     sys.excepthook = _clean_errors
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,

@@ -89,10 +89,11 @@ def run_roles(cfg: Config) -> list[Role]:
 def cluster_view(cfg: Config) -> ClusterView:
     """What the run will have: the connected cluster (nodes, autoscaler node types), or the embedded Ray."""
     from cluster.placement import connected_view
-    from cluster.ray_env import checked_address
+    from cluster.ray_env import checked_address, configure_ray_env
 
     address = checked_address(cfg.cluster)
     if address:
+        configure_ray_env()  # before ray is imported: a loopback address needs the loopback setting
         import ray
 
         if not ray.is_initialized():

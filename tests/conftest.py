@@ -14,9 +14,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 
-import cluster.ray_env  # noqa: F401  (before ray: loopback-only listeners)
 from cluster.local_cluster import free_port  # noqa: F401  (the tests import it from here)
+from cluster.ray_env import configure_ray_env
 from configs.schema import ClusterConfig
+
+configure_ray_env()  # before any test module imports ray: loopback-only listeners
 
 
 @pytest.fixture(scope="session")

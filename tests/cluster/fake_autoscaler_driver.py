@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import cluster.ray_env  # noqa: F401  (before ray)
+from cluster.ray_env import configure_ray_env
 from configs.loader import load_config
 from configs.schema import Resources
 
@@ -109,5 +109,6 @@ def train_command(address: str, storage: str) -> list[str]:
 
 
 if __name__ == "__main__":
+    configure_ray_env()  # before ray is imported
     # The result goes to a file: Ray's autoscaler messages share this process's stdout and may end without a newline.
     Path(sys.argv[2]).write_text(json.dumps(main(sys.argv[1], sys.argv[3])))

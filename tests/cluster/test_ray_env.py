@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import shutil
 import subprocess
@@ -16,7 +17,7 @@ import pytest
 import ray
 
 from cluster.local_cluster import RAY, clean_env, free_port, get_json, node_port_flags, stop_group, wait_for
-from cluster.ray_env import start_ray
+from cluster.ray_env import _EMBEDDED_ENV, start_ray
 from configs.schema import ClusterConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -134,3 +135,37 @@ def _processes_under(temp: Path) -> list[int]:
         if any(str(temp) in part for part in p.info["cmdline"] or []):
             out.append(p.info["pid"])
     return out
+
+
+# A fresh interpreter: import our modules as an entry point does (nothing of ours imports ray at import),
+# then start an embedded Ray as a job does (start_ray sets the environment up); report where it listens.
+FRESH_START = """
+import json, os, sys
+import jobs.train, bench.__main__  # the entry points' whole import graph
+before = {k: os.environ.get(k) for k in KEYS}
+ray_imported = "ray" in sys.modules
+from cluster.ray_env import start_ray, stop_ray
+from configs.schema import ClusterConfig
+handle = start_ray(ClusterConfig(num_cpus=1))
+import psutil, ray
+ours = {p.pid for p in psutil.Process().children(recursive=True)}
+listen = [c.laddr.ip for c in psutil.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN and c.pid in ours]
+print(json.dumps({"before": before, "ray_imported": ray_imported, "address": handle.address, "listen": listen,
+                  "node_ip": ray.util.get_node_ip_address(), "after": {k: os.environ.get(k) for k in KEYS}}))
+stop_ray(handle)
+"""
+
+
+def test_a_fresh_process_sets_the_environment_up_only_when_asked_and_starts_ray_on_loopback() -> None:
+    env = {k: v for k, v in os.environ.items() if k not in _EMBEDDED_ENV and k != "RAY_ADDRESS"}
+    code = f"KEYS = {sorted(_EMBEDDED_ENV)!r}\n" + FRESH_START
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["before"] == dict.fromkeys(_EMBEDDED_ENV)  # importing changes no environment
+    assert not out["ray_imported"]  # so start_ray's configure_ray_env() comes before ray reads it
+    assert out["after"] == _EMBEDDED_ENV
+    assert out["node_ip"] == "127.0.0.1" and out["address"].startswith("127.0.0.1:")
+    assert out["listen"] and all(_loopback(ip) for ip in out["listen"]), out["listen"]  # gcs, raylet, workers
