@@ -12,7 +12,7 @@ import pytest
 from tasks.io import read_rows, write_rows
 
 ROOT = Path(__file__).resolve().parents[2]
-FIXTURE = Path(__file__).parent / "fixtures" / "gate_rows.jsonl"
+FIXTURE = ROOT / "tests" / "tasks" / "fixtures" / "gate_rows.jsonl"  # the gate's, shared with tests/tasks
 
 
 @dataclass
