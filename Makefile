@@ -5,11 +5,11 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo demo-tools test lint bench sandbox inspector clean
+.PHONY: install demo demo-tools test test-fast lint bench sandbox inspector clean
 
 # These targets never reach the Hugging Face Hub: their models are built-ins or already cached.
 # (mcprl itself downloads an HF id when online; `HF_HUB_OFFLINE=0 make ...` lets these do so too.)
-demo demo-tools test bench: export HF_HUB_OFFLINE ?= 1
+demo demo-tools test test-fast bench: export HF_HUB_OFFLINE ?= 1
 
 install: $(STAMP)
 
@@ -53,8 +53,13 @@ demo: install sandbox
 demo-tools: install sandbox
 	$(PY) -m jobs.demo
 
+# Everything, as CI runs it (~40 min on 2 cores); the 25 slowest tests are listed at the end.
 test: install sandbox inspector
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
+
+# The inner loop: unit and in-process tests, without Ray, vLLM or a job's own process (marked `slow`).
+test-fast: install sandbox
+	$(PY) -m pytest -q -m "not slow"
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -50,3 +50,10 @@ def storage_root(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
     request.getfixturevalue("s3")
     return f"s3://{BUCKET}/{tmp_path.name}"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Whatever starts the session's Ray is slow: `make test-fast` (-m "not slow") leaves it out."""
+    for item in items:
+        if "ray_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)

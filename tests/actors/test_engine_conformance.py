@@ -17,6 +17,8 @@ import pytest
 from actors.engine_api import EngineError, Generation, RolloutEngine
 from configs.schema import Config, SamplingConfig
 
+pytestmark = pytest.mark.slow  # Ray, vLLM or a job's own process: `make test` runs it, `make test-fast` skips it
+
 MAX_MODEL_LEN = 512
 PROMPT = [1, 2, 3, 400, 500, 6000, 77]
 GREEDY = SamplingConfig(temperature=0, max_new_tokens=24, stop=[])

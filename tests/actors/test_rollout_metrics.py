@@ -16,6 +16,8 @@ from actors.rollout_metrics import (
 )
 from actors.trajectory import FINISH_REASONS, Trajectory
 
+pytestmark = pytest.mark.slow  # Ray, vLLM or a job's own process: `make test` runs it, `make test-fast` skips it
+
 
 def traj(
     *,

@@ -35,6 +35,8 @@ from tasks.inventory import inventory_tools_for_prompt
 from tasks.io import read_rows
 from tests.envs.tools_template import TOOLS_CHATML, with_template
 
+pytestmark = pytest.mark.slow  # Ray, vLLM or a job's own process: `make test` runs it, `make test-fast` skips it
+
 ROOT = Path(__file__).resolve().parents[2]
 MARK = "\x01MCPRL-TEST-{}\x01"
 

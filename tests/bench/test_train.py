@@ -19,6 +19,8 @@ from bench.train import FolderAdapter, make_batch, run
 from configs.loader import ConfigError
 from configs.schema import ModelConfig
 
+pytestmark = pytest.mark.slow  # Ray, vLLM or a job's own process: `make test` runs it, `make test-fast` skips it
+
 
 def positive(x: float) -> bool:
     return isinstance(x, float | int) and math.isfinite(x) and x > 0

@@ -15,10 +15,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from cluster.local_cluster import clean_env
 
 from .fake_autoscaler import fake_autoscaling_cluster
 from .fake_autoscaler_driver import GPU_LIKE
+
+pytestmark = pytest.mark.slow  # Ray, vLLM or a job's own process: `make test` runs it, `make test-fast` skips it
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -17,9 +17,13 @@ import json
 import re
 import subprocess
 
+import pytest
+
 from cluster import storage
 from cluster.local_cluster import LoopbackCluster, get_json, loopback_cluster, wait_for
 from tests.s3_server import BUCKET
+
+pytestmark = pytest.mark.slow  # Ray, vLLM or a job's own process: `make test` runs it, `make test-fast` skips it
 
 JOB_TIMEOUT_S = 600
 ON_WORKER = "{mcprl_worker: 1}"

@@ -20,6 +20,8 @@ from cluster.local_cluster import RAY, clean_env, free_port, get_json, node_port
 from cluster.ray_env import _EMBEDDED_ENV, start_ray
 from configs.schema import ClusterConfig
 
+pytestmark = pytest.mark.slow  # Ray, vLLM or a job's own process: `make test` runs it, `make test-fast` skips it
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -102,6 +102,7 @@ def test_wandb_takes_yaml_booleans(tmp_path: Path, text: str, mode: str) -> None
         load_config(None, ["logging.wandb=maybe"])
 
 
+@pytest.mark.slow
 def test_preflight_takes_wandb_off_as_typed() -> None:
     """`--set logging.wandb=off` as a user types it, through jobs.train's preflight: accepted, and the plan says so."""
     proc = subprocess.run(

@@ -15,6 +15,8 @@ from tests.conftest import free_port
 from tests.envs.judge_fixtures import ACTION, GROUND_TRUTH, judge_config, task_messages
 from tests.tasks.openai_standin import OpenAIStandin
 
+pytestmark = pytest.mark.slow  # Ray, vLLM or a job's own process: `make test` runs it, `make test-fast` skips it
+
 SCORES = {"tool_choice": 1.0, "arguments": 1.0, "progress": 0.5, "safety": 0}
 KEY = "sk-test-judge-key-0123456789"
 BOUND_S = 120  # a bound on waiting for the cluster, never an assertion on time

@@ -23,6 +23,8 @@ from configs.loader import load_config
 from tasks.io import read_rows, write_rows
 from tests.conftest import free_port
 
+pytestmark = pytest.mark.slow  # Ray, vLLM or a job's own process: `make test` runs it, `make test-fast` skips it
+
 ROOT = Path(__file__).resolve().parents[2]
 SERVERS = ["polygon", "fmp"]
 OFF = {"tavily": {"enabled": False}, "slack": {"enabled": False}, "python": {"enabled": False}}

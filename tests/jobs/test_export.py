@@ -19,6 +19,8 @@ from actors.learner import Learner
 from configs.schema import Config
 from jobs.export import EXPORT_INFO, ExportError, export
 
+pytestmark = pytest.mark.slow  # Ray, vLLM or a job's own process: `make test` runs it, `make test-fast` skips it
+
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 2
 

@@ -19,6 +19,8 @@ from tasks.io import read_rows
 from tasks.schema import TaskRow
 from tests.tasks.replay import longest_shown
 
+pytestmark = pytest.mark.slow  # Ray, vLLM or a job's own process: `make test` runs it, `make test-fast` skips it
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "tasks" / "examples" / "conversations.jsonl"
 SPLIT = "train=0.8,validation=0.1,test=0.1"

@@ -10,6 +10,8 @@ import pytest
 from configs.schema import Config
 from jobs.preflight import Preflight, check_model
 
+pytestmark = pytest.mark.slow  # Ray, vLLM or a job's own process: `make test` runs it, `make test-fast` skips it
+
 
 def test_model_check_names_the_model_and_the_node_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from huggingface_hub import constants

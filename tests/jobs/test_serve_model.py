@@ -27,6 +27,8 @@ from jobs.serve_model import api_key_for, is_loopback
 from serve_apps.tool_pool import LocalToolPool
 from tasks.inventory import inventory_tools_for_prompt
 
+pytestmark = pytest.mark.slow  # Ray, vLLM or a job's own process: `make test` runs it, `make test-fast` skips it
+
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 

@@ -9,10 +9,13 @@ import sys
 import threading
 import time
 
+import pytest
 from fastmcp import Client
 
 from mcp_servers import mcprl_version
 from tests.conftest import free_port
+
+pytestmark = pytest.mark.slow  # Ray, vLLM or a job's own process: `make test` runs it, `make test-fast` skips it
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

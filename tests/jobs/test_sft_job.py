@@ -18,6 +18,8 @@ from configs.schema import Config, SamplingConfig
 from jobs.sft import SUMMARY_FILE, batch_order, main, run_sft, sft_config
 from tasks.io import read_rows, write_rows
 
+pytestmark = pytest.mark.slow  # Ray, vLLM or a job's own process: `make test` runs it, `make test-fast` skips it
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

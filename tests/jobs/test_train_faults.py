@@ -21,6 +21,8 @@ from orchestration.learner_group import LearnerDied
 from tests.conftest import free_port
 from tests.jobs.test_train import history
 
+pytestmark = pytest.mark.slow  # Ray, vLLM or a job's own process: `make test` runs it, `make test-fast` skips it
+
 ROOT = Path(__file__).resolve().parents[2]
 RESUME = "python -m jobs.train --config configs/ci-tiny.yaml --run --resume"
 TIMEOUT_S = 300

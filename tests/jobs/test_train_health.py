@@ -16,6 +16,8 @@ from jobs.preflight import plan_lines
 from jobs.train import HEALTH_STOP_EXIT
 from tests.jobs.test_train import history, train
 
+pytestmark = pytest.mark.slow  # Ray, vLLM or a job's own process: `make test` runs it, `make test-fast` skips it
+
 
 @pytest.mark.slow
 def test_a_stop_on_finding_ends_the_run_with_a_checkpoint_and_the_resume_command(tmp_path: Path) -> None:

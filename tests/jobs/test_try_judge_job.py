@@ -13,6 +13,8 @@ import pytest
 
 from tests.tasks.openai_standin import OpenAIStandin, messages_of
 
+pytestmark = pytest.mark.slow  # Ray, vLLM or a job's own process: `make test` runs it, `make test-fast` skips it
+
 ROOT = Path(__file__).resolve().parents[2]
 SCORES = {"tool_choice": 1.0, "arguments": 0.5, "progress": 0.5, "safety": 0}
 OPENAI_VARS = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "OPENAI_MODEL", "OPENAI_BACKEND")

@@ -11,6 +11,8 @@ import pytest
 
 from tasks.io import read_rows, write_rows
 
+pytestmark = pytest.mark.slow  # Ray, vLLM or a job's own process: `make test` runs it, `make test-fast` skips it
+
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests" / "tasks" / "fixtures" / "gate_rows.jsonl"  # the gate's, shared with tests/tasks
 

@@ -12,6 +12,8 @@ from orchestration.learner_group import LearnerGroup
 from tests.actors.test_sharding import requires_deepspeed
 from tests.orchestration.test_learner_group import fixed_batch, make_cfg, mean_logprob
 
+pytestmark = pytest.mark.slow  # Ray, vLLM or a job's own process: `make test` runs it, `make test-fast` skips it
+
 
 def ds_cfg(mode: str, stage: int, lr: float) -> Config:
     cfg = make_cfg(mode, lr)

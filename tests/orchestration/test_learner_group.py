@@ -15,6 +15,8 @@ from actors.models import load_causal_lm
 from configs.schema import Config
 from orchestration.learner_group import LearnerGroup
 
+pytestmark = pytest.mark.slow  # Ray, vLLM or a job's own process: `make test` runs it, `make test-fast` skips it
+
 CHOSEN = [1500, 2500, 3500, 4500, 5500, 6500]
 
 

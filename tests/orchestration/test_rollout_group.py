@@ -27,6 +27,8 @@ from orchestration.rollout_group import RolloutGroup, RolloutGroupError
 from tests.actors.test_engine_conformance import make_adapter
 from tests.conftest import free_port
 
+pytestmark = pytest.mark.slow  # Ray, vLLM or a job's own process: `make test` runs it, `make test-fast` skips it
+
 TICKERS = ("NVDA", "AAPL", "MSFT", "AMZN")
 GREEDY = SamplingConfig(temperature=0, max_new_tokens=12, stop=["</tool_call>", "</answer>"])
 

@@ -7,12 +7,16 @@ import asyncio
 import time
 from typing import Any
 
+import pytest
+
 from configs.loader import load_config
 from serve_apps.tool_pool import REPLICA_COUNT_PERIOD_S, deploy_pool, running_replicas, undeploy_pool
 from tests.conftest import free_port
 
 from .conftest import STDIO_SERVER
 from .test_tool_pool import BUILTINS, external, stdio
+
+pytestmark = pytest.mark.slow  # Ray, vLLM or a job's own process: `make test` runs it, `make test-fast` skips it
 
 RATE = 1000.0  # calls/s for the whole service: far above the load, so it only shows the split
 # Bounds, not timings: how long Serve may take to act on a sustained change in load (its delays are ~1 s here).

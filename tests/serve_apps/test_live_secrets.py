@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from configs.loader import load_config
 from serve_apps.tool_pool import ServerSpec, deploy_pool, secrets_for, undeploy_pool
 from tests.conftest import free_port
 from tests.mcp_servers.standins import StandIn
+
+pytestmark = pytest.mark.slow  # Ray, vLLM or a job's own process: `make test` runs it, `make test-fast` skips it
 
 KEY = "tvly-serve-SECRET-4242"
 

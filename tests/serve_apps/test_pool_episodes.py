@@ -18,6 +18,8 @@ from serve_apps.tool_pool import LocalToolPool, ToolPoolTimeout
 
 from .conftest import STDIO_SERVER
 
+pytestmark = pytest.mark.slow  # Ray, vLLM or a job's own process: `make test` runs it, `make test-fast` skips it
+
 BUILTINS = ("polygon", "fmp", "tavily", "slack", "python")
 
 

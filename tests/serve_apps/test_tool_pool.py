@@ -20,6 +20,8 @@ from tests.conftest import free_port
 from .conftest import STDIO_SERVER
 from .test_pool_episodes import assert_episodes_isolated
 
+pytestmark = pytest.mark.slow  # Ray, vLLM or a job's own process: `make test` runs it, `make test-fast` skips it
+
 BUILTINS = ("polygon", "fmp", "tavily", "slack", "python")
 # The MCP Inspector's CLI, installed by `make inspector` (part of `make test`).
 INSPECTOR = Path(__file__).resolve().parents[2] / ".cache/inspector/node_modules/.bin/mcp-inspector"
