@@ -172,14 +172,27 @@ def checked_address(cfg: ClusterConfig, timeout_s: float = 3.0) -> str | None:
     host, _, port = (rest if sep else address).rpartition(":")
     if (sep and scheme != "ray") or not host or not port.isdigit():
         raise RayAddressError(f"{named}: expected host:port ({gcs}), ray://host:port (Ray Client) or auto")
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
-    except OSError as e:
+    refused = _unreachable(host.strip("[]"), int(port), timeout_s)
+    if refused is not None:
         raise RayAddressError(
-            f"{named}: nothing answers at {host}:{port} ({e.strerror or e}). Start the cluster, or set {key} to {gcs}; "
-            "unset it to start an embedded Ray on this machine"
-        ) from None
+            f"{named}: nothing answers at {host}:{port} ({refused.strerror or refused}). Start the cluster, or set "
+            f"{key} to {gcs}; unset it to start an embedded Ray on this machine"
+        )
     return address
+
+
+def _unreachable(host: str, port: int, timeout_s: float) -> OSError | None:
+    """None once a TCP connection to host:port succeeds, else the last error after `timeout_s`: a head that is
+    still starting refuses for a moment, so a refusal is retried until then."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=max(deadline - time.monotonic(), 0.1)).close()
+            return None
+        except OSError as e:
+            if time.monotonic() + 0.2 >= deadline:
+                return e
+            time.sleep(0.2)
 
 
 def _dashboard_url() -> str | None:
