@@ -172,7 +172,7 @@ def checked_address(cfg: ClusterConfig, timeout_s: float = 3.0) -> str | None:
     host, _, port = (rest if sep else address).rpartition(":")
     if (sep and scheme != "ray") or not host or not port.isdigit():
         raise RayAddressError(f"{named}: expected host:port ({gcs}), ray://host:port (Ray Client) or auto")
-    refused = _unreachable(host.strip("[]"), int(port), timeout_s)
+    refused = unreachable(host.strip("[]"), int(port), timeout_s)
     if refused is not None:
         raise RayAddressError(
             f"{named}: nothing answers at {host}:{port} ({refused.strerror or refused}). Start the cluster, or set "
@@ -181,7 +181,7 @@ def checked_address(cfg: ClusterConfig, timeout_s: float = 3.0) -> str | None:
     return address
 
 
-def _unreachable(host: str, port: int, timeout_s: float) -> OSError | None:
+def unreachable(host: str, port: int, timeout_s: float) -> OSError | None:
     """None once a TCP connection to host:port succeeds, else the last error after `timeout_s`: a head that is
     still starting refuses for a moment, so a refusal is retried until then."""
     deadline = time.monotonic() + timeout_s

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from cluster.local_cluster import RAY, clean_env, free_port, node_port_flags, stop_group, wait_for
+from cluster.ray_env import unreachable
 
 HEAD_TYPE = "ray.head.default"  # the fake provider's name for the head's type
 
@@ -74,17 +74,13 @@ def fake_autoscaling_cluster(head_cpus: float, workers: dict[str, dict]) -> Iter
     head = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         # Yield a head that answers: a driver checks the address once, for a few seconds (cluster.ray_env).
-        wait_for(f"the fake cluster's head at 127.0.0.1:{port}", lambda: _answers(port), timeout_s=120)
+        wait_for(
+            f"the fake cluster's head at 127.0.0.1:{port}",
+            lambda: unreachable("127.0.0.1", port, 1.0) is None,
+            timeout_s=120,
+        )
         yield f"127.0.0.1:{port}"
     finally:
         stop_group(head)
         log.close()
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _answers(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        return True
-    except OSError:
-        return False
