@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo demo-tools test test-fast lint bench sandbox inspector clean
+.PHONY: install demo demo-tools test test-fast lint docs bench sandbox inspector clean
 
 # These targets never reach the Hugging Face Hub: their models are built-ins or already cached.
 # (mcprl itself downloads an HF id when online; `HF_HUB_OFFLINE=0 make ...` lets these do so too.)
@@ -65,10 +65,15 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# The docs site into site/ (open site/index.html). Its reference pages come from the code: after changing a config
+# key or a command's options, rerun `python scripts/gen_docs.py` (tests/test_docs.py fails until then).
+docs: install
+	$(PY) -m mkdocs build --strict --site-dir site
+
 # Every suite, each comparison side by side and repeated (~1 h on 2 cores): JSON, a markdown table and a
 # chart per suite in bench_results/. One suite: `python -m bench --suite e2e` (see `python -m bench --help`).
 bench: install sandbox
 	$(PY) -m bench --suite all
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache site
