@@ -4,6 +4,7 @@ link or anchor fails it)."""
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -55,3 +56,36 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert (tmp_path / "site" / "reference" / "config" / "index.html").exists()
+
+
+def test_the_commands_the_docs_show_exist() -> None:
+    """Every `python -m <module> ...` in the README and the docs names an entry point, with options its --help
+    lists, and the jobs' `--set KEY=...` name config keys (one line at a time: a command continued with `\\`
+    is checked up to its line's end)."""
+    from configs.loader import _key_paths
+    from configs.schema import Config
+
+    cli = (ROOT / "docs" / "reference" / "cli.md").read_text()
+    helps = dict(re.findall(r"## `python -m (\S+)`\n\n```text\n(.*?)```", cli, re.S))
+    keys = set(_key_paths(Config))
+    ours = {p.parent.name for p in ROOT.glob("*/__init__.py")}
+    pages = [ROOT / "README.md", *(p for p in sorted((ROOT / "docs").rglob("*.md")) if "reference" not in p.parts)]
+    wrong, seen = [], 0
+    for page in pages:
+        for n, line in enumerate(page.read_text().splitlines(), 1):
+            for module, rest in re.findall(r"python -m (\w+(?:\.\w+)*)([^`\n]*)", line):
+                where = f"{page.relative_to(ROOT)}:{n}: python -m {module}"
+                if module not in helps:
+                    if module.split(".")[0] in ours:
+                        wrong.append(f"{where}: no such entry point")
+                    continue
+                seen += 1
+                for flag in re.findall(r"(?<![\w-])(--[a-z][\w-]*)", rest):
+                    if not re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", helps[module]):
+                        wrong.append(f"{where}: no option {flag}")
+                if module.startswith("jobs."):
+                    for key in re.findall(r"--set '?([\w.]+)=", rest):
+                        if key not in keys:
+                            wrong.append(f"{where}: no config key {key}")
+    assert seen > 30, f"only {seen} commands found: the scan is broken"
+    assert not wrong, "commands in the docs that the code does not have:\n" + "\n".join(wrong)
