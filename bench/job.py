@@ -3,7 +3,7 @@
     python -m bench --suite job [--repeats 3] [--set job.config=configs/ci-tiny.yaml]
 
 One run, side by side on this machine: a Ray cluster on loopback (a head started with `ray start`, as the
-README's runbook does; cluster/local_cluster.py) is started first and left idle while the local runs go.
+the runbook in docs/cluster.md does; cluster/local_cluster.py) is started first and left idle while the local runs go.
 Then, `--repeats` times, alternating (`--quick`: once each, one GRPO step):
 - local:     `python -m jobs.train --config CFG --run` in a fresh process (its own embedded Ray);
 - submitted: `ray job submit --working-dir . --runtime-env cluster/runtime_env.yaml -- python -m jobs.train ...`

@@ -1,10 +1,10 @@
 """A real Ray cluster on this machine's loopback: a head and worker nodes started with `ray start`.
 
-What the multi-node tests and `python -m bench --suite job` run against, started the way the README's runbook
+What the multi-node tests and `python -m bench --suite job` run against, started the way the runbook in docs/cluster.md
 starts a cluster. Each node binds free ports for everything it listens on (so it lives beside the embedded Ray
 of a test session), is pinned to 127.0.0.1, has its own `--temp-dir` (so its own unpacked job working
 directories), and runs in its own session: stopping is killing that process group, only what we started.
-Token auth is off on the nodes and the CLI (`RAY_AUTH_MODE=disabled`); the README says how to submit with it on.
+Token auth is off on the nodes and the CLI (`RAY_AUTH_MODE=disabled`); docs/cluster.md says how to submit with it on.
 A one-node cluster listens on loopback only; with worker nodes Ray's own ports listen on every interface.
 """
 
@@ -115,7 +115,7 @@ class LoopbackCluster:
         return [RAY, "job", args[0], f"--address={self.dashboard}", *args[1:]]
 
     def submit_command(self, *entrypoint: str, wait: bool = True) -> list[str]:
-        """`ray job submit` of this checkout, with the runtime env the README documents."""
+        """`ray job submit` of this checkout, with the runtime env docs/cluster.md documents."""
         return self.job_command(
             "submit", f"--working-dir={ROOT}", f"--runtime-env={ROOT / 'cluster' / 'runtime_env.yaml'}",
             *([] if wait else ["--no-wait"]), "--", *entrypoint,
@@ -140,7 +140,7 @@ def loopback_cluster(
     venv_bin = str(Path(sys.executable).parent)  # a job's `python` is the one on PATH where `ray start` ran
     node_env = clean_env(env)
     # "0" keeps every listener on 127.0.0.1 but refuses a second node; with "1" a joining node takes the machine's
-    # address for the head's, and Ray's own ports listen on every interface (README: "Not yet done in step 7").
+    # address for the head's, and Ray's own ports listen on every interface (docs/cluster.md: "Known limits").
     node_env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "1" if workers else "0"
     node_env["PATH"] = venv_bin + os.pathsep + node_env.get("PATH", "")
     node_env["RAY_JOB_STOP_WAIT_TIME_S"] = "60"  # what the runbook says to set: time for a stopped run to clean up

@@ -1,4 +1,4 @@
-"""`ray job submit` on a real two-node Ray cluster on loopback, as the README tells a user to do it.
+"""`ray job submit` on a real two-node Ray cluster on loopback, as the runbook (docs/cluster.md) tells a user to do it.
 
 The head runs the job's driver; a worker node (its own --temp-dir, so its own unpacked working directory)
 is the only one offering the custom resource `mcprl_worker`, which the engine, the runner, the learner, the
@@ -38,7 +38,7 @@ OVERRIDES = [
 
 
 def submit(cluster: LoopbackCluster, *args: str, wait: bool = True) -> subprocess.CompletedProcess:
-    """`ray job submit` of jobs.train on ci-tiny, as the README writes it."""
+    """`ray job submit` of jobs.train on ci-tiny, as docs/cluster.md writes it."""
     entry = ("python", "-m", "jobs.train", "--config", "configs/ci-tiny.yaml", *args)
     return cluster.submit(*entry, wait=wait, timeout_s=JOB_TIMEOUT_S)
 

@@ -89,7 +89,7 @@ def test_a_bad_ray_address_fails_within_seconds_naming_it(address: str, says: li
 
 
 def test_the_runbooks_one_machine_cluster_preflight_dashboard_and_stop(ray_cluster, tmp_path: Path) -> None:
-    """The README's one-machine cluster as a user runs it: `ray start --head --block` pinned to loopback (here
+    """docs/cluster.md's one-machine cluster as a user runs it: `ray start --head --block` pinned to loopback (here
     on free ports), preflight against its GCS address from a shell without Ray's loopback setting, the run's
     session after preflight still printing the dashboard's URL, and stopping that head by its PID alone."""
     gcs, dash = free_port(), free_port()
