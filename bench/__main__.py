@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
-import os
 import sys
 import time
 
@@ -20,12 +19,10 @@ from rich.console import Console
 
 from bench.options import NOT_IN_ALL, SUITES, BenchOptions
 from bench.results import write
+from cluster.console import quiet_third_party
 from cluster.ray_env import configure_ray_env
 from configs.loader import ConfigError, load_dotenv_file
 from jobs.cli import usage_error
-
-# FastMCP sets its loggers' level on import; an invalid tool call is an expected outcome here.
-os.environ.setdefault("FASTMCP_LOG_LEVEL", "ERROR")
 
 
 def parse(argv: list[str] | None = None) -> BenchOptions:
@@ -38,6 +35,7 @@ def parse(argv: list[str] | None = None) -> BenchOptions:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
+    quiet_third_party(args.verbose)  # before the suites import FastMCP, Ray, vLLM
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )

@@ -4,17 +4,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from typing import Any, NoReturn
 
+from cluster.console import quiet_third_party
 from cluster.ray_env import RayAddressError, configure_ray_env
 from configs.loader import ConfigError, load_config, load_dotenv_file
 from configs.schema import Config
-
-# FastMCP warns about every call with invalid arguments (for us an expected, reported outcome) and
-# sets its loggers' level when it is imported: so its own setting, before that import.
-os.environ.setdefault("FASTMCP_LOG_LEVEL", "ERROR")
 
 
 def base_parser(description: str) -> argparse.ArgumentParser:
@@ -28,7 +24,9 @@ def base_parser(description: str) -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="override a config key, e.g. --set tools.http.port=8001 (repeatable)",
     )
-    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    p.add_argument(
+        "-v", "--verbose", action="store_true", help="debug logging, and every library's output (Ray, vLLM, W&B)"
+    )
     return p
 
 
@@ -52,17 +50,16 @@ def _clean_errors(kind: type, value: BaseException, tb: Any) -> None:
 
 
 def setup(args: argparse.Namespace) -> Config:
-    """Ray's loopback-only environment (before anything imports ray), logging, `.env`, then the validated
-    config; a bad config is a usage error."""
+    """Ray's loopback-only environment (before anything imports ray), logging (the libraries' routine
+    output quieted unless -v: cluster.console), `.env`, then the validated config; a bad config is a usage error."""
     configure_ray_env()
+    quiet_third_party(args.verbose)
     sys.excepthook = _clean_errors
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
-    for noisy in ("httpx", "httpx2", "mcp"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
     load_dotenv_file()
     overrides = [*(["logging.engine_log_level=INFO"] if args.verbose else []), *args.overrides]
     try:

@@ -1,0 +1,81 @@
+"""A quiet console: what the libraries under mcprl print routinely is kept off it, in every process of a run.
+
+`quiet_third_party()` is the one place that sets this up: the entry points call it (jobs.cli.setup,
+serve_model, export) and so do the Ray actors that load models or Serve handles, for their own process.
+Only routine lines go: INFO chatter (Ray's start, Serve's app lifecycle, W&B's banner), progress bars
+of local loads, and named warnings that say nothing to a user of mcprl (Ray's token-auth notice, vLLM's
+notes on settings mcprl chose on purpose). Errors, and every other warning, still show.
+
+`-v` (MCPRL_VERBOSE=1, which the embedded Ray's workers inherit) leaves everything as the libraries have it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable
+
+VERBOSE_ENV = "MCPRL_VERBOSE"
+
+# Levels libraries read from the environment when imported (this process's and, inherited, its workers'),
+# as (variable, logger, level); the logger's level is set too, for a library imported already. FastMCP warns
+# about every call with invalid arguments, for us an expected, reported outcome.
+_QUIET_ENV = (("FASTMCP_LOG_LEVEL", "fastmcp", "ERROR"),)
+
+# Loggers whose INFO lines are routine; their warnings and errors still show.
+_WARNINGS_ONLY = ("httpx", "httpx2", "mcp", "ray._private.worker", "ray.serve")
+
+# Warnings that are notices, not problems, as (logger, message prefixes).
+_NOTICES: dict[str, tuple[str, ...]] = {
+    # On by default in a new local Ray; its opposite (auth disabled) still warns.
+    "ray._private.authentication.authentication_token_setup": ("Token authentication is enabled",),
+    # vLLM on CPU, about settings actors/vllm_engine.py chooses on purpose (eager mode, no chunked
+    # prefill) and kernels a CPU build does without.
+    "vllm.triton_utils.importing": ("Triton is installed, but doesn't include CPU backend",),
+    "vllm.platforms.cpu": ("Triton is not installed", "Reset SSM cache type"),
+    "vllm.config.vllm": ("Enforce eager set", "Inductor compilation was disabled", "Model Runner V2 requires Triton"),
+    "vllm.engine.arg_utils": ("This model does not officially support disabling chunked prefill",),
+}
+
+
+class DropBelow(logging.Filter):
+    """Drops a logger's records under `level`, or only those whose message starts with one of `prefixes`.
+
+    A filter, not a level: libraries reset their loggers' levels when they configure them (Serve does
+    on import), but leave filters be."""
+
+    def __init__(self, level: int, prefixes: Iterable[str] = ()) -> None:
+        super().__init__()
+        self.level, self.prefixes = level, tuple(prefixes)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= self.level:
+            return True
+        return bool(self.prefixes) and not record.getMessage().startswith(self.prefixes)
+
+
+def verbose() -> bool:
+    return os.environ.get(VERBOSE_ENV, "") not in ("", "0")
+
+
+def quiet_third_party(verbose_flag: bool | None = None) -> None:
+    """Quiet the libraries' routine output in this process (idempotent). `verbose_flag` True: leave it
+    all, and say so to the processes this one starts; None: as this process's environment says."""
+    if verbose_flag:
+        os.environ[VERBOSE_ENV] = "1"
+    if verbose():
+        return
+    for key, name, level in _QUIET_ENV:
+        if key not in os.environ:  # a level the user set stays
+            os.environ[key] = level
+            logging.getLogger(name).setLevel(level)
+    for name in _WARNINGS_ONLY:
+        _add_once(name, DropBelow(logging.WARNING))
+    for name, prefixes in _NOTICES.items():
+        _add_once(name, DropBelow(logging.ERROR, prefixes))
+
+
+def _add_once(name: str, f: DropBelow) -> None:
+    logger = logging.getLogger(name)
+    if not any(isinstance(old, DropBelow) for old in logger.filters):
+        logger.addFilter(f)
