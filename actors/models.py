@@ -131,10 +131,28 @@ def load_causal_lm(cfg: ModelConfig, device: str | torch.device = "cpu") -> PreT
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(
-        resolve_model(cfg.name, cfg.cache_dir), dtype=getattr(torch, cfg.dtype), local_files_only=True
-    )
+    folder = resolve_model(cfg.name, cfg.cache_dir)
+    with _no_load_bar():
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, cfg.dtype), local_files_only=True)
     return model.to(device).eval()
+
+
+@contextlib.contextmanager
+def _no_load_bar() -> Any:
+    """Transformers' "Loading weights" bar off for a local load (every actor's start would print one; there is
+    nothing to download), unless -v; it also switches the Hub's bars, so it is back on after."""
+    from transformers.utils import logging as hf_logging
+
+    from cluster.console import verbose
+
+    if verbose() or not hf_logging.is_progress_bar_enabled():
+        yield
+        return
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.enable_progress_bar()
 
 
 def count_parameters(folder: str | Path) -> int:

@@ -26,6 +26,7 @@ from actors.engine_api import EngineError, EngineUnavailable, Generation, choose
 from actors.engines import make_engine
 from actors.models import load_tokenizer
 from actors.trajectory import Trajectory
+from cluster.console import quiet_third_party
 from cluster.metrics import ENGINE_POLICY_VERSION, metrics_run, record
 from configs.schema import Config, SamplingConfig
 from orchestration.cpu_pinning import core_slice, cpu_list, node_cores
@@ -51,6 +52,7 @@ class EngineHost:
 
     def __init__(self, cfg: Config, index: int = 0) -> None:
         """`index`: the engine's id in the group (its `engine` tag on the dashboard)."""
+        quiet_third_party()  # this actor's process: the libraries' routine output (cluster/console.py)
         self.cfg = cfg
         self.index = index
         self.engine: Any = None
@@ -158,6 +160,7 @@ class RunnerHost:
     def __init__(self, cfg: Config, engines: list[Any], tool_pool: Any, judge: Any = None) -> None:
         from actors.episode_runner import EpisodeRunner
 
+        quiet_third_party()  # this actor's process: Serve's lines about its handles (cluster/console.py)
         self.runner = EpisodeRunner(
             cfg,
             [RemoteEngine(h, i) for i, h in enumerate(engines)],
