@@ -41,6 +41,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from cluster.console import verbose
 from cluster.metrics import record_step
 from configs.loader import redact
 from configs.schema import Config
@@ -261,13 +262,19 @@ class Tracker:
             "id": run_id,
             "resume": "allow" if resume else None,
         }
+        if not verbose():  # W&B's banner and tips (an advert among them) off; its warnings and errors stay
+            wandb.setup(settings=wandb.Settings(show_info=False))
         try:
-            return wandb.init(mode=mode, **kwargs)
+            run = wandb.init(mode=mode, **kwargs)
         except Exception as e:
             if mode != "online":
                 raise
             log.warning("W&B online start failed (%s: %s); logging offline to %s", type(e).__name__, e, self.run_dir)
-            return wandb.init(mode="offline", **kwargs)
+            mode, run = "offline", wandb.init(mode="offline", **kwargs)
+        # What W&B's banner said that matters: where the run is.
+        where = run.url if mode == "online" else f"offline; upload it with `wandb sync {Path(run.dir).parent}`"
+        log.info("W&B: %s", where)
+        return run
 
     # ------------------------------------------------------------------ logging
 
