@@ -78,6 +78,7 @@ def unbroken(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("unbroken")
     proc = train(tmp, "--run")
     (tmp / "stdout.txt").write_text(proc.stdout)
+    (tmp / "stderr.txt").write_text(proc.stderr)
     return tmp / "runs" / "ci-tiny"
 
 
@@ -127,6 +128,25 @@ def test_two_steps_write_checkpoints_metrics_wandb_and_a_report(unbroken: Path) 
     assert "success per template (answer right: solved / scored):" in stdout
     assert list((unbroken / "wandb").glob("offline-run-*")), "no offline W&B run written"
     assert (unbroken / "final_adapter" / "adapter_model.safetensors").is_file()
+
+
+def test_the_console_says_what_mcprl_does_and_little_else(unbroken: Path) -> None:
+    """The libraries' routine lines stay off the console (cluster/console.py); mcprl's own are there."""
+    console = (unbroken.parents[1] / "stdout.txt").read_text() + (unbroken.parents[1] / "stderr.txt").read_text()
+    for noise in (
+        "Token authentication is enabled",  # Ray's notice on a new local Ray
+        "Started a local Ray instance",
+        "Connecting to existing Serve app",  # Serve, on every start of the tool pool
+        "Started Serve in namespace",
+        "is ready at http",
+        "Deleting app",
+        "SharedRouterLongPollClient",  # Serve, in the runner actor
+        "Loading weights",  # transformers' bar, in each actor that loads the model
+        "\nwandb: ",  # W&B's banner (and its Weave advert)
+    ):
+        assert noise not in console, noise
+    assert "started an embedded Ray" in console and "deploying the MCP tool pool on Ray Serve" in console
+    assert "W&B: offline; upload it with `wandb sync " in console  # where the W&B run is, said once by us
 
 
 def test_kill_and_resume_ends_where_an_unbroken_run_ends(unbroken: Path, tmp_path: Path) -> None:
