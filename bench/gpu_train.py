@@ -1,0 +1,98 @@
+"""`jobs.train` on one GPU with the HF engine, and the figures of its GRPO steps.
+
+    python -m bench.gpu_train [--config configs/gpu-1-hf.yaml] [--shape 1.7b] [--set KEY=VALUE ...]
+
+What cluster/gpu_box.sh runs on a lent GPU machine once the wheelhouse (cluster/wheelhouse.py) is installed.
+`--shape` builds random weights in one of bench.gpu's SHAPES with SmolLM2's tokenizer (from the `tiny-random`
+build that the wheelhouse carries) and points `model.name` at them; without it the config's model is used.
+The run is `python -m jobs.train --config C --run` in a process of its own; then its metrics.jsonl gives,
+per GRPO step, the step time, the learner's tokens/s, the rollout's generated tokens/s and the weight push's
+latency, and their medians over the steps after the first (which pays for warm-up). The driver does not
+compute an MFU (no peak-FLOPs figure for the device), so none is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.gpu import SHAPES, build_shape
+from configs.loader import load_config
+from jobs.tracking import METRICS_FILE
+from jobs.train import run_location
+
+ROOT = Path(__file__).resolve().parents[1]
+# metrics.jsonl key → what the summary calls it
+FIGURES = {
+    "timing/step_s": "step s",
+    "train/tokens_per_s": "learner tok/s",
+    "rollout/tokens_per_s": "rollout tok/s",
+    "sync/latency_s": "push s",
+}
+
+
+def step_rows(metrics: Path) -> list[dict[str, Any]]:
+    """The GRPO steps' rows of a run's metrics.jsonl (each step's last row: a redone step replaces its first)."""
+    rows: dict[int, dict[str, Any]] = {}
+    for line in metrics.read_text().splitlines():
+        row = json.loads(line) if line.strip() else {}
+        if "timing/step_s" in row:
+            rows[int(row["step"])] = row
+    return [rows[s] for s in sorted(rows)]
+
+
+def summary(rows: list[dict[str, Any]]) -> list[str]:
+    """A table of `FIGURES` per step and their medians over the steps after the first."""
+    lines = ["step  " + "  ".join(f"{name:>14}" for name in FIGURES.values())]
+    for row in rows:
+        lines.append(f"{row['step']:>4}  " + "  ".join(f"{float(row.get(k, float('nan'))):>14.3f}" for k in FIGURES))
+    later = rows[1:] or rows
+    medians = [statistics.median(float(r.get(k, float("nan"))) for r in later) for k in FIGURES]
+    span = f"(steps {later[0]['step']}-{later[-1]['step']})"
+    lines.append("med   " + "  ".join(f"{m:>14.3f}" for m in medians) + "   " + span)
+    lines.append("MFU: not computed (the driver records no peak-FLOPs figure for the device)")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.gpu_train", description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default=str(ROOT / "configs" / "gpu-1-hf.yaml"))
+    p.add_argument("--shape", choices=sorted(SHAPES), help="random weights in this shape (built once under --models)")
+    p.add_argument("--models", type=Path, default=ROOT / ".cache" / "gpu-models")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    args = p.parse_args(argv)
+    overrides = list(args.overrides)
+    if args.shape:
+        folder = args.models / args.shape
+        if not (folder / "config.json").is_file():
+            t0 = time.perf_counter()
+            build_shape(args.shape, args.models)
+            print(f"built random {args.shape} weights in {folder} ({time.perf_counter() - t0:.0f} s)", flush=True)
+        overrides.append(f"model.name={folder.resolve()}")
+    cfg = load_config(args.config, overrides)  # a bad key stops here, before Ray starts
+    cmd = [sys.executable, "-m", "jobs.train", "--config", args.config, "--run"]
+    for item in overrides:
+        cmd += ["--set", item]
+    t0 = time.perf_counter()
+    code = subprocess.run(cmd, cwd=ROOT).returncode
+    print(f"jobs.train exited {code} after {time.perf_counter() - t0:.0f} s", flush=True)
+    metrics = Path(run_location(cfg)) / METRICS_FILE  # train.storage a local folder (a URI: download it first)
+    if not metrics.is_file():
+        print(f"no {metrics}", file=sys.stderr)
+        return code or 1
+    rows = step_rows(metrics)
+    if not rows:
+        print(f"no GRPO step in {metrics}", file=sys.stderr)
+        return code or 1
+    print("\n".join(summary(rows)))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
