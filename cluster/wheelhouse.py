@@ -19,7 +19,7 @@ file's name, size and sha256, and where its chunks are, with theirs.
 `install` needs only the standard library and pip: it checks every chunk (a corrupt or missing part is named),
 rejoins the files, checks each whole, makes a venv with --system-site-packages (so the image's CUDA torch is
 the one used) and installs with `pip install --no-index --find-links`. The GPU machine's side, end to end:
-cluster/gpu_box.sh. The sequence of calls that carries the parts there: README, "On a GPU".
+cluster/gpu_box.sh. The sequence of calls that carries the parts there: docs/performance/index.md, "On a GPU".
 """
 
 from __future__ import annotations
