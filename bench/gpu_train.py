@@ -62,10 +62,11 @@ def summary(rows: list[dict[str, Any]]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.gpu_train", description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", default=str(ROOT / "configs" / "gpu-1-hf.yaml"))
+    p.add_argument("--config", default=str(ROOT / "configs" / "gpu-1-hf.yaml"), help="default: configs/gpu-1-hf.yaml")
     p.add_argument("--shape", choices=sorted(SHAPES), help="random weights in this shape (built once under --models)")
-    p.add_argument("--models", type=Path, default=ROOT / ".cache" / "gpu-models")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--models", type=Path, default=ROOT / ".cache" / "gpu-models", help="default: .cache/gpu-models")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config override for jobs.train (repeatable)")  # fmt: skip
     args = p.parse_args(argv)
     overrides = list(args.overrides)
     if args.shape:

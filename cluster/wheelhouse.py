@@ -19,7 +19,8 @@ file's name, size and sha256, and where its chunks are, with theirs.
 `install` needs only the standard library and pip: it checks every chunk (a corrupt or missing part is named),
 rejoins the files, checks each whole, makes a venv with --system-site-packages (so the image's CUDA torch is
 the one used) and installs with `pip install --no-index --find-links`. The GPU machine's side, end to end:
-cluster/gpu_box.sh. The sequence of calls that carries the parts there: docs/performance/index.md, "On a GPU".
+cluster/gpu_box.sh. The sequence of calls that carries the parts there: docs/performance/index.md,
+"`jobs.train` on a lent GPU machine".
 """
 
 from __future__ import annotations
@@ -360,7 +361,11 @@ def _glibc(text: str) -> tuple[int, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m cluster.wheelhouse", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m cluster.wheelhouse",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="download the wheels for the GPU machine and pack them into parts (here)")
     b.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -373,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     i.add_argument("--venv", type=Path, required=True)
     i.add_argument("--cache", type=Path, help="where model tars are unpacked (MCPRL_CACHE)")
     i.add_argument("--extra-site", type=Path, help=argparse.SUPPRESS)
+    p.epilog = "".join(sub.format_usage() for sub in (b, i))  # each command's options, in the one --help
     args = p.parse_args(argv)
     try:
         if args.cmd == "build":
