@@ -1,10 +1,14 @@
-"""Shared, expensive fixtures: one embedded Ray per test session, a loopback S3 server per module."""
+"""Shared, expensive fixtures: one embedded Ray per test session, a loopback S3 server per module, rule tasks made
+once per session."""
 
 from __future__ import annotations
 
+import asyncio
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 # No test may reach the real Hugging Face Hub: offline mode for this process, and (inherited through
 # os.environ) for every subprocess, Ray worker and Serve replica the tests start. Set before anything
@@ -50,6 +54,39 @@ def storage_root(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
     request.getfixturevalue("s3")
     return f"s3://{BUCKET}/{tmp_path.name}"
+
+
+@pytest.fixture(scope="session")
+def rule_tasks(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., list[dict[str, Any]]]:
+    """`rule_tasks("--n", "8", "--seed", "0")`: the rows `python -m jobs.generate_tasks --method rule ...` writes,
+    made by the same code (generator, admission, writer) in this process, once per distinct arguments in the
+    session: a fresh interpreter per module cost ~15 s. The command itself is tested in test_generate_job.py."""
+    made: dict[tuple[str, ...], Path] = {}
+
+    def rows(*args: str) -> list[dict[str, Any]]:
+        from tasks.io import read_rows
+
+        if args not in made:
+            out = tmp_path_factory.mktemp("rule-tasks") / "rule.jsonl"
+            generate_tasks(["--method", "rule", *args, "--out", str(out)])
+            made[args] = out
+        return read_rows(made[args])
+
+    return rows
+
+
+def generate_tasks(argv: list[str]) -> None:
+    """jobs.generate_tasks' steps after its process set-up, on a thread of their own (its event loop must
+    not be this one's: pytest-asyncio's session loop may be current here)."""
+    from configs.loader import load_config
+    from jobs.generate_tasks import build_parser, resolve, run
+
+    args = build_parser().parse_args(argv)
+    cfg = load_config(args.config, args.overrides)
+    resolve(args, cfg, os.environ)
+    with ThreadPoolExecutor(1) as pool:
+        code = pool.submit(asyncio.run, run(args, cfg)).result()
+    assert code == 0, f"jobs.generate_tasks {' '.join(argv)}: exit {code}"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

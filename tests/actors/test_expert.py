@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +25,6 @@ from envs.prompting import template_tool_call
 from envs.tool_client import set_tool_client
 from serve_apps.tool_pool import LocalToolPool
 from tasks.inventory import inventory_tools_for_prompt
-from tasks.io import read_rows
 from tests.actors.test_runner import check_token_exact
 from tests.envs.tools_template import TOOLS_CHATML, with_template
 
@@ -35,11 +32,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def rows(tmp_path_factory) -> list[dict]:
-    out = tmp_path_factory.mktemp("tasks") / "rule.jsonl"
-    cmd = [sys.executable, "-m", "jobs.generate_tasks", "--method", "rule", "--n", "8", "--seed", "0"]
-    subprocess.run([*cmd, "--out", str(out)], cwd=ROOT, check=True, capture_output=True, timeout=300)
-    return read_rows(out)
+def rows(rule_tasks) -> list[dict]:
+    return rule_tasks("--n", "8", "--seed", "0")
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,6 @@ calls, as the tiny-random tokenizer encodes them), with faults to inject: calls 
 from __future__ import annotations
 
 import copy
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +30,6 @@ from envs.prompting import TOOL_CALL_FORMAT, answer_instruction, call_syntax, co
 from envs.tool_client import set_tool_client
 from serve_apps.tool_pool import LocalToolPool
 from tasks.inventory import inventory_tools_for_prompt
-from tasks.io import read_rows
 from tests.envs.tools_template import TOOLS_CHATML, with_template
 
 pytestmark = pytest.mark.slow  # Ray, vLLM or a job's own process: `make test` runs it, `make test-fast` skips it
@@ -45,23 +42,8 @@ MARK = "\x01MCPRL-TEST-{}\x01"
 
 
 @pytest.fixture(scope="module")
-def rows(tmp_path_factory) -> list[dict]:
-    out = tmp_path_factory.mktemp("tasks") / "rule.jsonl"
-    cmd = [
-        sys.executable,
-        "-m",
-        "jobs.generate_tasks",
-        "--method",
-        "rule",
-        "--n",
-        "8",
-        "--seed",
-        "0",
-        "--out",
-        str(out),
-    ]
-    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, timeout=300)
-    return read_rows(out)
+def rows(rule_tasks) -> list[dict]:
+    return rule_tasks("--n", "8", "--seed", "0")
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import importlib
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,34 +22,13 @@ from envs.parsing import expert_turns as expert_actions
 from envs.parsing import format_tool_call as hermes
 from envs.tool_client import set_tool_client
 from serve_apps.tool_pool import LocalToolPool
-from tasks.io import read_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def rows(tmp_path_factory) -> list[dict]:
-    out = tmp_path_factory.mktemp("tasks") / "rule.jsonl"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "jobs.generate_tasks",
-            "--method",
-            "rule",
-            "--n",
-            "20",
-            "--seed",
-            "0",
-            "--out",
-            str(out),
-        ],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    return read_rows(out)
+def rows(rule_tasks) -> list[dict]:
+    return rule_tasks("--n", "20", "--seed", "0")
 
 
 @pytest.fixture(scope="module")
