@@ -77,7 +77,8 @@ def train_run(o: LearningOptions, name: str, storage: Path, seed: int, sets: dic
         "train.seed": seed,
         "rollout.sampling.seed": seed + 1,
         "logging.wandb": "off",
-        **sets,
+        **o.sets,
+        **sets,  # this run's own (the SFT-more run's train.steps=0) over the suite's
     }
     cmd = [sys.executable, "-m", "jobs.train", "--config", o.config, "--run", "--fresh"]
     cmd += [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
@@ -267,11 +268,12 @@ def table_rows(seeds: list[dict[str, Any]], summary: dict[str, Any]) -> list[Row
 def notes(o: LearningOptions, seeds: list[dict[str, Any]], summary: dict[str, Any]) -> list[str]:
     first = seeds[0]
     out = [f"Held-out set `{n}`: {f['description']}." for n, f in first["sets"].items()]
+    overrides = f" with {o.sets}" if o.sets else ""
     out.append(
-        f"{o.config}, seeds {o.seeds}. Per seed: GRPO = the recipe (warm start, then GRPO); warm start = that run's "
-        "evaluation after its warm start; SFT-more = a second run with no GRPO and the warm start extended by as many "
-        "SFT steps as GRPO's wall time buys (its mean SFT step). Gains are paired by task (jobs/stats.py: exact "
-        "bootstrap 95% CI). The table: median [min, max] over seeds."
+        f"{o.config}{overrides}, seeds {o.seeds}. Per seed: GRPO = the recipe (warm start, then GRPO); warm start = "
+        "that run's evaluation after its warm start; SFT-more = a second run with no GRPO and the warm start extended "
+        "by as many SFT steps as GRPO's wall time buys (its mean SFT step). Gains are paired by task (jobs/stats.py: "
+        "exact bootstrap 95% CI). The table: median [min, max] over seeds."
     )
     for s in seeds:
         out += seed_lines(s)

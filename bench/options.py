@@ -171,6 +171,7 @@ class LearningOptions(Section):
     config: str = Field("configs/demo-cpu.yaml", description="the recipe run per seed (relative to the checkout)")
     seeds: list[int] = Field([0, 1, 2], description="train.seed of each pair of runs (rollout.sampling.seed: +1)")
     run_timeout_s: float = Field(7200.0, gt=0, description="the most one jobs.train process may take")
+    sets: dict[str, Any] = Field({}, description="config overrides of every run (`--set` of jobs.train)")
 
     @model_validator(mode="after")
     def _check(self) -> LearningOptions:
@@ -179,8 +180,9 @@ class LearningOptions(Section):
         return self
 
     def smoke(self) -> LearningOptions:
-        """`--quick`: the tiny random model's recipe and one seed, where `--set` did not choose."""
-        quick = {"config": "configs/ci-tiny.yaml", "seeds": [0]}
+        """`--quick`: the tiny random model's recipe and one seed, where `--set` did not choose; one GRPO step
+        and 2 evaluation tasks are enough to produce every figure (the SFT-more run is then shorter too)."""
+        quick = {"config": "configs/ci-tiny.yaml", "seeds": [0], "sets": {"train.steps": 1, "train.eval_tasks": 2}}
         return self.model_copy(update={k: v for k, v in quick.items() if k not in self.model_fields_set})
 
 

@@ -1,7 +1,8 @@
 """Suite `learning` run as a user runs it: `python -m bench --suite learning --quick` in a fresh process, which
-itself runs jobs.train twice on configs/ci-tiny.yaml (seed 0): the recipe (warm start, then GRPO) and the warm
-start alone, longer by GRPO's wall time. The tiny random model learns nothing: only the figures' presence and
-consistency are checked, and that the second run trained more SFT steps and no GRPO step."""
+itself runs jobs.train twice on configs/ci-tiny.yaml (seed 0; one GRPO step, 2 evaluation tasks): the recipe
+(warm start, then GRPO) and the warm start alone, longer by GRPO's wall time. The tiny random model learns
+nothing: only the figures' presence and consistency are checked, and that the second run trained more SFT steps
+and no GRPO step."""
 
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ def test_learning_quick_compares_grpo_with_sft_for_the_same_time(tmp_path: Path)
 
     report = json.loads((tmp_path / "learning.json").read_text())["report"]
     assert report["options"]["config"] == "configs/ci-tiny.yaml" and report["options"]["seeds"] == [0]
+    assert report["options"]["sets"] == {"train.steps": 1, "train.eval_tasks": 2}  # --quick's, in both runs
     (seed,) = report["seeds"]
     grpo, more = seed["runs"]["grpo"], seed["runs"]["sft_more"]
 
@@ -48,7 +50,7 @@ def test_learning_quick_compares_grpo_with_sft_for_the_same_time(tmp_path: Path)
 
     (set_name,) = seed["sets"]  # ci-tiny has no transfer set: validation alone
     figures = seed["sets"][set_name]
-    assert set_name == "validation" and figures["tasks"] > 0
+    assert set_name == "validation" and figures["tasks"] == 2  # train.eval_tasks
     assert all(0 <= figures[k] <= 1 for k in ("warm_start", "after_grpo", "sft_more"))
     for key in ("grpo_vs_warm", "sft_more_vs_warm", "grpo_vs_sft_more"):
         g = figures[key]
@@ -61,7 +63,7 @@ def test_learning_quick_compares_grpo_with_sft_for_the_same_time(tmp_path: Path)
     # The SFT-only run: the recipe's SFT steps plus the extra ones GRPO's time bought, and no GRPO step.
     g_rec, m_rec = records(grpo["run_dir"]), records(more["run_dir"])
     g_sft, m_sft = (sum("sft/step" in r for r in rs) for rs in (g_rec, m_rec))
-    assert g_sft == grpo["sft_steps"] >= 1 and grpo["grpo_steps"] >= 1
+    assert g_sft == grpo["sft_steps"] >= 1 and grpo["grpo_steps"] == 1  # train.steps
     assert m_sft == more["sft_steps"] == g_sft + seed["extra_sft_steps"] > g_sft
     assert not any("timing/step_s" in r for r in m_rec) and more["grpo_steps"] == 0
     assert grpo["grpo_s"] > 0 and seed["extra_sft_steps"] >= 1
