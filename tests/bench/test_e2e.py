@@ -9,7 +9,7 @@ import math
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -65,9 +65,9 @@ def test_e2e_quick_writes_sensible_figures(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def polygon() -> Iterator[tuple[Any, list[dict[str, Any]]]]:
-    """The offline polygon server in this process, and one rule task that calls it."""
-    from bench.doubles import rule_rows
+def polygon(rule_tasks: Callable[..., list[dict[str, Any]]]) -> Iterator[tuple[Any, list[dict[str, Any]]]]:
+    """The offline polygon server in this process, and one rule task that calls it (bench.doubles.rule_rows(12)'s
+    tasks, made in this process)."""
     from configs.schema import BuiltinServers, ToolsConfig
     from envs.mcp_tool_env import run_sync
     from serve_apps.tool_pool import LocalToolPool
@@ -76,7 +76,7 @@ def polygon() -> Iterator[tuple[Any, list[dict[str, Any]]]]:
     pool = run_sync(LocalToolPool.create(cfg))
     rows = [
         r
-        for r in rule_rows(12)
+        for r in rule_tasks("--n", "12", "--seed", "0")
         if {s["server"] for s in r["reward_spec"]["ground_truth"]["tool_sequence"]} == {"polygon"}
     ]
     assert rows, "rule tasks on polygon alone"
