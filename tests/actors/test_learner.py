@@ -271,7 +271,11 @@ def test_on_policy_step_reuses_the_forward_and_matches_the_scoring_pass(kl_coef:
     assert fast_params.keys() == slow_params.keys()
     for name, value in slow_params.items():  # the same update (after one AdamW step)
         assert torch.allclose(fast_params[name], value, rtol=1e-4, atol=1e-6), name
-    # Several optimizer steps per iteration keep the scoring pass (π_old differs from the policy later).
+
+
+def test_several_optimizer_steps_per_iteration_keep_the_scoring_pass() -> None:
+    """π_old differs from the policy after the first optimizer step: old_t needs the separate pass (the reuse
+    above holds only for epochs = minibatches = 1; one run, not one per kl_coef above)."""
     cfg = make_cfg("lora")
     cfg.train.epochs = 2
     multi = Learner(cfg)
