@@ -112,11 +112,12 @@ class VLLMEngine:
 
     async def start(self) -> None:
         from vllm import AsyncEngineArgs
+        from vllm.config import LoggingConfig
         from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
         from actors.models import resolve_model
-        from cluster.console import quiet_third_party
+        from cluster.console import quiet_third_party, vllm_logging_config
 
         quiet_third_party()  # vLLM's notices in this process (the engine core's: actors/vllm_worker.py)
         t0 = time.monotonic()
@@ -128,6 +129,11 @@ class VLLMEngine:
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(self._rollout.vllm_kv_cache_gb)))
         # rollout.weight_push merged: LoRA runs get merged full weights, so the engine needs no LoRA (faster).
         lora = weight_push(self.cfg) == "adapter"
+        self._root.mkdir(parents=True, exist_ok=True)
+        # What vLLM prints in the processes it starts (engine core, workers), where none of our code runs
+        # before they log: logging.engine_log_level, less its notices (cluster/console.py) unless -v.
+        level = self.cfg.logging.engine_log_level
+        logging_config = LoggingConfig(log_level=level, pylogging_config_file=vllm_logging_config(level, self._root))
         args = AsyncEngineArgs(
             model=str(folder),
             dtype=self.cfg.model.dtype,
@@ -143,6 +149,7 @@ class VLLMEngine:
             disable_log_stats=True,  # vLLM's own loggers off; _cache_counter still gets the scheduler's stats
             use_tqdm_on_load=False,  # a merged push reloads weights every step: no progress bar on the console
             worker_extension_cls="actors.vllm_worker.QuietReload",
+            logging_config=logging_config,
             # CPU: a request prefilled in chunks has its sampled token discarded, and vLLM then rewinds the
             # request's seeded generator, which a CPU generator cannot do ("CPU Generator does not use
             # offset"): the engine dies. So no chunked prefill there; a prompt waits for room instead.
@@ -152,7 +159,6 @@ class VLLMEngine:
                 else {}
             ),
         )
-        self._root.mkdir(parents=True, exist_ok=True)
         try:
             self._engine = AsyncLLM.from_engine_args(args, stat_loggers=[_cache_counter(self._stats)])
             self._vocab = self._engine.model_config.get_vocab_size()

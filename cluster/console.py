@@ -11,9 +11,12 @@ notes on settings mcprl chose on purpose). Errors, and every other warning, stil
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
 
 VERBOSE_ENV = "MCPRL_VERBOSE"
 
@@ -31,11 +34,25 @@ _NOTICES: dict[str, tuple[str, ...]] = {
     "ray._private.authentication.authentication_token_setup": ("Token authentication is enabled",),
     # vLLM on CPU, about settings actors/vllm_engine.py chooses on purpose (eager mode, no chunked
     # prefill) and kernels a CPU build does without.
-    "vllm.triton_utils.importing": ("Triton is installed, but doesn't include CPU backend",),
+    "vllm.triton_utils.importing": (
+        "Triton is installed, but doesn't include CPU backend",
+        "Triton is installed but 0 active driver(s)",
+        "Triton not installed or not compatible",
+    ),
     "vllm.platforms.cpu": ("Triton is not installed", "Reset SSM cache type"),
     "vllm.config.vllm": ("Enforce eager set", "Inductor compilation was disabled", "Model Runner V2 requires Triton"),
     "vllm.engine.arg_utils": ("This model does not officially support disabling chunked prefill",),
+    # vLLM's CPU worker, on every engine start, about preloading tcmalloc and Intel OpenMP for speed: a
+    # tuning of the host that mcprl does not make and a user rarely can (CPU engines are CI-sized here).
+    "vllm.v1.worker.cpu_worker": ("libtcmalloc is not found in LD_PRELOAD", "libiomp is not found in LD_PRELOAD"),
+    # Addressed to mcprl's code (actors/vllm_engine.py passes token ids), not to its user.
+    "vllm.v1.engine.input_processor": ("Passing raw prompts to InputProcessor is deprecated",),
 }
+
+
+# Python warnings of library against library, as PYTHONWARNINGS entries: vLLM's Triton shim asks torch for an
+# attribute torch deprecated, in each process vLLM starts.
+_PYTHON_WARNINGS = "ignore:`torch.distributed.reduce_op` is deprecated:FutureWarning"
 
 
 class DropBelow(logging.Filter):
@@ -54,6 +71,36 @@ class DropBelow(logging.Filter):
         return bool(self.prefixes) and not record.getMessage().startswith(self.prefixes)
 
 
+class Notices(logging.Filter):
+    """The notices above, for a handler that sees every logger's records: the one in the logging config
+    vLLM applies in the processes it starts (`vllm_logging_config`), where none of our code runs."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        prefixes = _NOTICES.get(record.name)
+        return record.levelno >= logging.ERROR or not prefixes or not record.getMessage().startswith(prefixes)
+
+
+def vllm_logging_config(level: str, folder: Path) -> str | None:
+    """A logging config for vLLM (its `pylogging_config_file`, a JSON dictConfig) written into `folder`:
+    vLLM's own format and handler at `level`, with `Notices` on the handler. vLLM applies it in each
+    process it starts (engine core, workers) before they log. None under -v: vLLM's own config."""
+    if verbose():
+        return None
+    from copy import deepcopy
+
+    from vllm.logger import DEFAULT_LOGGING_CONFIG
+
+    config: dict[str, Any] = deepcopy(DEFAULT_LOGGING_CONFIG)
+    for formatter in config["formatters"].values():
+        formatter["log_level"] = level
+    config["filters"] = {"notices": {"()": f"{__name__}.Notices"}}
+    config["handlers"]["vllm"].update(level=level, filters=["notices"])
+    config["loggers"]["vllm"]["level"] = level
+    path = folder / "vllm_logging.json"
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
 def verbose() -> bool:
     return os.environ.get(VERBOSE_ENV, "") not in ("", "0")
 
@@ -65,6 +112,8 @@ def quiet_third_party(verbose_flag: bool | None = None) -> None:
         os.environ[VERBOSE_ENV] = "1"
     if verbose():
         return
+    if _PYTHON_WARNINGS not in os.environ.get("PYTHONWARNINGS", ""):  # read by the processes vLLM spawns
+        os.environ["PYTHONWARNINGS"] = ",".join(filter(None, (os.environ.get("PYTHONWARNINGS"), _PYTHON_WARNINGS)))
     for key, name, level in _QUIET_ENV:
         if key not in os.environ:  # a level the user set stays
             os.environ[key] = level
