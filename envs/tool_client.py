@@ -25,6 +25,7 @@ envs/ sits below serve_apps/, so the pools are imported lazily, by the functions
 from __future__ import annotations
 
 import asyncio
+import atexit
 import json
 import logging
 import os
@@ -94,6 +95,25 @@ class LoopThread:
         """Await the coroutine on this loop from the caller's loop."""
         return await asyncio.wrap_future(self.submit(coro))
 
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Cancel what still runs on the loop and wait for it, then stop and close the loop: no task is
+        left pending for the interpreter's exit to destroy."""
+
+        async def cancel_the_rest() -> None:
+            rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in rest:
+                task.cancel()
+            await asyncio.gather(*rest, return_exceptions=True)
+            await self.loop.shutdown_asyncgens()
+
+        try:
+            self.submit(cancel_the_rest()).result(timeout_s)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(timeout_s)
+            if not self.thread.is_alive():
+                self.loop.close()
+
 
 class OnOwnLoop:
     """Wraps an object whose async methods must run on the loop that built it (see the module docstring)."""
@@ -112,6 +132,19 @@ class OnOwnLoop:
 
         return hop
 
+    def close_and_stop(self, timeout_s: float = 10.0) -> None:
+        """Close the object on its loop (`close` or `aclose`: MCP sessions, stdio programs, HTTP pools),
+        then stop the loop."""
+        closes = (getattr(self._target, name, None) for name in ("close", "aclose"))
+        close = next((c for c in closes if asyncio.iscoroutinefunction(c)), None)
+        try:
+            if close is not None:
+                self._runner.submit(close()).result(timeout_s)
+        except Exception as e:  # the process is ending; one client's fault must not keep the rest open
+            log.warning("closing %s: %s: %s", type(self._target).__name__, type(e).__name__, e)
+        finally:
+            self._runner.stop(timeout_s)
+
 
 _built: dict[str, OnOwnLoop] = {}
 _built_lock = threading.Lock()
@@ -122,9 +155,25 @@ def _once(key: str, build: Callable[[], Coroutine[Any, Any, Any]], name: str) ->
     with _built_lock:
         hit = _built.get(key)
         if hit is None:
+            if not _built:  # the process owns them: closed at its exit (close_built), while their loops still run
+                atexit.register(close_built)
             runner = LoopThread(name)
             hit = _built[key] = OnOwnLoop(runner.submit(build()).result(), runner)
         return hit
+
+
+def close_built() -> None:
+    """Close every client built from config and stop its loop. Without this, the interpreter's exit
+    destroys their pending session tasks ("Task was destroyed but it is pending!", then "no running
+    event loop" from the MCP client's cleanup) and leaves stdio programs to be killed. Registered with
+    atexit by the first build (atexit runs before daemon threads stop), since a trainer that builds envs
+    from config (SkyRL) has no hook at its end; callers that have one may call it themselves."""
+    with _built_lock:
+        built = list(_built.values())
+        _built.clear()
+        atexit.unregister(close_built)
+    for hit in built:
+        hit.close_and_stop()
 
 
 # --------------------------------------------------------------------------- tools
@@ -220,6 +269,7 @@ __all__ = [
     "LoopThread",
     "OnOwnLoop",
     "ToolClient",
+    "close_built",
     "judge_from_config",
     "resolve_tool_client",
     "set_tool_client",

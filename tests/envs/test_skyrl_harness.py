@@ -95,8 +95,15 @@ def check_episodes(episodes: list[dict], rows: Path) -> None:
 
 
 def test_local_source_from_an_inline_tools_section(tmp_path, rows_file):
-    env_config = {"env": {"tools": {"source": "local", "config": {"servers": OFF}}}}
-    check_episodes(run_harness(tmp_path, env_config, rows_file), rows_file)
+    # With a stdio server too: the pool built from config is closed at the process's exit
+    # (envs.tool_client.close_built), so no session task is left for the interpreter to destroy.
+    notes = {"name": "notes", "command": [sys.executable, str(ROOT / "tests" / "serve_apps" / "stdio_server.py")]}
+    env_config = {"env": {"tools": {"source": "local", "config": {"servers": OFF, "external": [notes]}}}}
+    proc = harness(tmp_path, env_config, rows_file)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    check_episodes(json.loads(proc.stdout.strip().splitlines()[-1])["episodes"], rows_file)
+    for noise in ("Task was destroyed but it is pending!", "RuntimeError: no running event loop"):
+        assert noise not in proc.stderr, proc.stderr[-3000:]
 
 
 def test_local_source_from_a_config_file_is_the_default(tmp_path, rows_file):
