@@ -6,8 +6,10 @@ The run is exported first (jobs/export.py) into this node's cache (`<mcprl cache
 afresh at every start, so a run that trained on is served as it is now; it stays there after the server
 stops, and the start says where and how large it is, to remove by hand): a LoRA run merged into plain
 weights (the fast path on CPU), or with `--lora` as base + LoRA module; a full run as its weights. Then
-this process becomes `python -m vllm.entrypoints.openai.api_server` (same PID: stopping it stops the
-server) with
+it starts vLLM's OpenAI server (`python -m vllm.entrypoints.launchers.api_server.entry`) as its child, says
+when it answers, and stays its parent: Ctrl-C or SIGTERM to this process stops the server cleanly (vLLM's
+own shutdown, started by a SIGTERM to it alone) and ends in one line; the server dies with this process.
+It prints vLLM's warnings and errors only, with uvicorn's access log off (`-v`: all of vLLM's output). The server runs
 - `--enable-auto-tool-choice --tool-call-parser hermes`: our models write
   `<tool_call>{"name": ..., "arguments": ...}</tool_call>` (envs/parsing.py), which the hermes parser turns
   into OpenAI `tool_calls`; the exported chat template shows `tools=` as training did, after the training
@@ -33,6 +35,7 @@ import os
 import shlex
 import sys
 from pathlib import Path
+from typing import IO
 
 LOOPBACK_NAMES = ("localhost",)
 _LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # what vLLM's --max-lora-rank accepts
@@ -74,10 +77,11 @@ def vllm_command(
     cpu: bool,
     lora: Path | None = None,
     lora_rank: int = 16,
+    verbose: bool = False,
     extra: list[str] | None = None,
 ) -> list[str]:
     """vLLM's OpenAI server on an export. `lora`: serve `folder` as the base and this adapter as model `name`."""
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder)]
+    cmd = [sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry", "--model", str(folder)]
     if lora is None:
         cmd += ["--served-model-name", name]
     else:
@@ -92,6 +96,8 @@ def vllm_command(
     # true) ignores this setting: there a small model may pad its arguments with whitespace. With
     # tool_choice "auto" and no strict tool, the model's own text is parsed (tests/jobs/test_serve_model.py).
     cmd += ["--structured-outputs-config", json.dumps({"backend": "xgrammar", "disable_any_whitespace": True})]
+    if not verbose:  # vLLM's level comes from its logging config (serve_model sets it); uvicorn's from here
+        cmd += ["--uvicorn-log-level", "warning", "--disable-uvicorn-access-log", "--no-use-tqdm-on-load"]
     if cpu:
         cmd += [
             "--enforce-eager",
@@ -114,6 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     import argparse
     import logging
 
+    from cluster.console import quiet_third_party
     from jobs.cli import usage_error
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -128,7 +135,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--api-key-env", default="", help="environment variable holding the bearer token clients send")
     p.add_argument("--lora", action="store_true", help="LoRA run: serve base + adapter (vLLM LoRA) instead of merged")
     p.add_argument("--max-model-len", type=int, default=0, help="default: the run's rollout.max_model_len")
+    p.add_argument("-v", "--verbose", action="store_true", help="all of vLLM's and uvicorn's output")
     args = p.parse_args(argv)
+    quiet_third_party(args.verbose)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if not 0 < args.port < 65536:
         usage_error(f"--port {args.port}: not a TCP port")
@@ -141,6 +150,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from actors.models import ModelNotFoundError
     from cluster import storage
+    from cluster.console import verbose, vllm_logging_config
     from jobs.export import ExportError, export, load_source
 
     try:
@@ -191,6 +201,7 @@ def main(argv: list[str] | None = None) -> None:
         cpu=not torch.cuda.is_available(),
         lora=adapter,
         lora_rank=cfg.finetune.lora.r,
+        verbose=verbose(),
         extra=extra,
     )
     env = {**os.environ, "VLLM_NO_USAGE_STATS": "1"}
@@ -199,10 +210,92 @@ def main(argv: list[str] | None = None) -> None:
         env["VLLM_API_KEY"] = token
     if not torch.cuda.is_available():
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(cfg.rollout.vllm_kv_cache_gb))))
-    print(f"serving model {cfg.run_name!r} at http://{args.host}:{args.port}/v1 (OpenAI API)", flush=True)
+    config_file = vllm_logging_config("WARNING", out)  # in the export folder, rewritten at every start
+    if config_file:  # read by the server and the engine core it starts
+        env.update(VLLM_LOGGING_CONFIG_PATH=config_file, VLLM_LOGGING_LEVEL="WARNING")
+    url = f"http://{args.host}:{args.port}"
+    print(f"serving model {cfg.run_name!r} at {url}/v1 (OpenAI API)", flush=True)
     print(f"  auth: {'bearer token from $' + args.api_key_env if token else 'none (loopback only)'}", flush=True)
     print(f"  {shlex.join(cmd)}", flush=True)
-    os.execve(sys.executable, cmd, env)  # this process becomes the server: its PID, its signals
+    sys.exit(run_server(cmd, env, url, quiet=not verbose()))
+
+
+def _die_with_parent() -> None:
+    """In the server's process before it starts: a SIGTERM to it when serve_model dies (even by SIGKILL)."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+# What triton's bindings (nanobind) print at the server's exit, as line prefixes: a count of the objects
+# triton never freed, about triton's code and harmless at exit, after every stop of a server that imported it.
+_EXIT_REPORT = (
+    "nanobind: leaked ",
+    "nanobind: this is likely caused",
+    " - leaked ",
+    " - ... skipped",
+    "See https://nanobind",
+)
+
+
+def _relay(stream: IO[str]) -> None:
+    """The server's stderr onto ours, less triton's exit report (_EXIT_REPORT)."""
+    for line in stream:
+        if not line.startswith(_EXIT_REPORT):
+            sys.stderr.write(line)
+            sys.stderr.flush()
+
+
+def run_server(cmd: list[str], env: dict[str, str], url: str, quiet: bool = True) -> int:
+    """The server as this process's child, in its own session (a terminal's Ctrl-C reaches this process
+    only: signalled all at once, vLLM's server and engine core tear down in a race that ends in leak
+    reports). The first SIGINT or SIGTERM sends SIGTERM to the server, whose own shutdown stops its
+    engine core; a second one kills its process group. Returns the exit status: 130 after SIGINT, 0
+    after SIGTERM, else the server's."""
+    import signal
+    import subprocess
+    import threading
+    import time
+
+    import httpx
+
+    stderr = subprocess.PIPE if quiet else None
+    proc = subprocess.Popen(cmd, env=env, stderr=stderr, text=True, start_new_session=True, preexec_fn=_die_with_parent)
+    relay = threading.Thread(target=_relay, args=(proc.stderr,), daemon=True) if proc.stderr else None
+    if relay:
+        relay.start()
+    stops: list[int] = []
+
+    def stop(signum: int, _frame: object) -> None:
+        stops.append(signum)
+        try:
+            if len(stops) == 1:
+                proc.send_signal(signal.SIGTERM)
+            else:
+                os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:  # it has exited already
+            pass
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    host = url.replace("://0.0.0.0:", "://127.0.0.1:").replace("://[::]:", "://[::1]:")
+    while proc.poll() is None and not stops:  # /health answers without the token
+        try:
+            if httpx.get(f"{host}/health", timeout=2).status_code == 200:
+                print(f"ready: {url}/v1 (Ctrl-C stops it)", flush=True)
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    rc = proc.wait()
+    if relay:
+        relay.join(timeout=10)
+    if stops:
+        name = signal.Signals(stops[0]).name
+        print(f"serve_model: stopped the server ({name})", file=sys.stderr, flush=True)
+        return 130 if stops[0] == signal.SIGINT else 0
+    return rc
 
 
 if __name__ == "__main__":

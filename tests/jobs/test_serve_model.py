@@ -181,9 +181,11 @@ def wait_ready(url: str, proc: subprocess.Popen, log: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def server(trained_run: TrainedRun, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+def server(
+    trained_run: TrainedRun, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, Path, subprocess.Popen]]:
     """`python -m jobs.serve_model --run RUN --port P --api-key-env MY_MODEL_TOKEN`, once for the module:
-    its base URL (…/v1) and its log."""
+    its base URL (…/v1), its log (stdout and stderr) and its process."""
     port = free_port()
     log = tmp_path_factory.mktemp("server") / "server.log"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "MY_MODEL_TOKEN": TOKEN}
@@ -204,7 +206,7 @@ def server(trained_run: TrainedRun, tmp_path_factory: pytest.TempPathFactory) ->
     try:
         url = f"http://127.0.0.1:{port}/v1"
         wait_ready(url, proc, log)
-        yield url, log
+        yield url, log, proc
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)  # the group this test started: the server and its engine core
@@ -228,11 +230,11 @@ def tokenize(url: str, messages: list[dict], functions: list[dict], *, generatio
 
 
 def test_auth_and_the_servers_rendering_is_the_trained_one(
-    server: tuple[str, Path], trained_run: TrainedRun, pool: tuple[list[dict], LocalToolPool]
+    server: tuple[str, Path, subprocess.Popen], trained_run: TrainedRun, pool: tuple[list[dict], LocalToolPool]
 ) -> None:
     import openai
 
-    url, log = server
+    url, log, _ = server
     assert TOKEN not in log.read_text()  # the token stays out of the console and the command line
     # The export it serves stays in the cache: the console says where, how large, and how to remove it.
     said = re.search(
@@ -249,13 +251,13 @@ def test_auth_and_the_servers_rendering_is_the_trained_one(
 
 
 def test_the_trained_call_comes_back_as_openai_tool_calls_and_runs_on_the_pool(
-    server: tuple[str, Path], trained_run: TrainedRun, pool: tuple[list[dict], LocalToolPool]
+    server: tuple[str, Path, subprocess.Popen], trained_run: TrainedRun, pool: tuple[list[dict], LocalToolPool]
 ) -> None:
     import openai
 
     from envs.parsing import format_tool_call
 
-    url, log = server
+    url, log, _ = server
     functions, tool_pool = pool
     client = openai.OpenAI(base_url=url, api_key=TOKEN)
     name = trained_run.folder.name
@@ -286,3 +288,21 @@ def test_the_trained_call_comes_back_as_openai_tool_calls_and_runs_on_the_pool(
     assert format_tool_call(TOOL, ARGUMENTS) in shown and result.text[:100] in shown, shown[-800:]
     follow = client.chat.completions.create(model=name, messages=messages, tools=functions, max_tokens=8, temperature=0)
     assert follow.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
+def test_its_console_is_ours_and_ctrl_c_ends_it_in_one_line(server: tuple[str, Path, subprocess.Popen]) -> None:
+    """Last in the module (it stops the server): after the requests above, the console holds mcprl's lines,
+    vLLM's warnings only (no INFO, no access log, no load bars); Ctrl-C (SIGINT to the terminal's process
+    group, this one's) stops it with exit 130 and one line of ours, without triton's exit report."""
+    url, log, proc = server
+    started = log.read_text()
+    assert f"ready: {url} (Ctrl-C stops it)" in started, started[-3000:]
+    assert not re.search(r"pid=\d+\) INFO ", started), started[-3000:]  # vLLM's INFO, in any of its processes
+    for noise in ('"POST /v1/chat/completions', "Loading safetensors checkpoint shards", "Model Runner V2 requires"):
+        assert noise not in started, noise
+    os.killpg(proc.pid, signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    stopped = log.read_text()[len(started) :]
+    assert stopped.count("serve_model: stopped the server (SIGINT)") == 1, stopped[-3000:]
+    for noise in ("nanobind", "Traceback", "KeyboardInterrupt"):
+        assert noise not in stopped, stopped[-3000:]
