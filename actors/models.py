@@ -132,15 +132,16 @@ def load_causal_lm(cfg: ModelConfig, device: str | torch.device = "cpu") -> PreT
     from transformers import AutoModelForCausalLM
 
     folder = resolve_model(cfg.name, cfg.cache_dir)
-    with _no_load_bar():
+    with no_load_bar():
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, cfg.dtype), local_files_only=True)
     return model.to(device).eval()
 
 
 @contextlib.contextmanager
-def _no_load_bar() -> Any:
-    """Transformers' "Loading weights" bar off for a local load (every actor's start would print one; there is
-    nothing to download), unless -v; it also switches the Hub's bars, so it is back on after."""
+def no_load_bar() -> Any:
+    """Transformers' "Loading weights" bar (and "Writing model shards" of a save) off for a local load
+    (every actor's start would print one; there is nothing to download), unless -v; it also switches the
+    Hub's bars, so it is back on after."""
     from transformers.utils import logging as hf_logging
 
     from cluster.console import verbose

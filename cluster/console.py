@@ -45,6 +45,8 @@ _NOTICES: dict[str, tuple[str, ...]] = {
     # vLLM's CPU worker, on every engine start, about preloading tcmalloc and Intel OpenMP for speed: a
     # tuning of the host that mcprl does not make and a user rarely can (CPU engines are CI-sized here).
     "vllm.v1.worker.cpu_worker": ("libtcmalloc is not found in LD_PRELOAD", "libiomp is not found in LD_PRELOAD"),
+    # DeepSpeed (imported by the training libraries) on a machine without a GPU: CPU is what that machine has.
+    "DeepSpeed": ("Setting accelerator to CPU",),
     # Addressed to mcprl's code (actors/vllm_engine.py passes token ids), not to its user.
     "vllm.v1.engine.input_processor": ("Passing raw prompts to InputProcessor is deprecated",),
 }

@@ -182,7 +182,7 @@ def _write(src: RunSource, folder: Path, kind: str, final: str, progress: Any) -
     """The export's files into `folder`; returns mcprl_export.json's content."""
     import torch
 
-    from actors.models import load_tokenizer, resolve_model
+    from actors.models import load_tokenizer, no_load_bar, resolve_model
     from envs.chat_template import served_chat_template, training_system_prompt
     from tasks.io import TaskFileError, read_rows
 
@@ -238,30 +238,32 @@ def _write(src: RunSource, folder: Path, kind: str, final: str, progress: Any) -
 
     from transformers import AutoModelForCausalLM
 
-    progress("export: loading the base weights")
-    model = AutoModelForCausalLM.from_pretrained(base_folder, dtype=torch.float32, local_files_only=True)
-    if kind == "merged" and cfg.finetune.mode == "qlora":
-        progress("export: the base as the QLoRA run trained over it: quantized to NF4, dequantized")
-        _load_nf4_base(model, cfg)
-    if kind == "merged":
-        from peft import PeftModel
+    # its own progress lines say what it does: transformers' load and save bars off (unless -v)
+    with no_load_bar():
+        progress("export: loading the base weights")
+        model = AutoModelForCausalLM.from_pretrained(base_folder, dtype=torch.float32, local_files_only=True)
+        if kind == "merged" and cfg.finetune.mode == "qlora":
+            progress("export: the base as the QLoRA run trained over it: quantized to NF4, dequantized")
+            _load_nf4_base(model, cfg)
+        if kind == "merged":
+            from peft import PeftModel
 
-        from actors.adapter_io import read_adapter, write_adapter
+            from actors.adapter_io import read_adapter, write_adapter
 
-        progress(f"export: merging the adapter from {src.origin}")
-        with tempfile.TemporaryDirectory(prefix="mcprl-adapter-") as tmp:
-            # read_adapter fetches a stored adapter; PEFT wants a plain folder
-            write_adapter(Path(tmp), read_adapter(src.weights))
-            model = PeftModel.from_pretrained(model, tmp).merge_and_unload()
-    else:
-        progress(f"export: loading the trained weights from {src.origin}/state")
-        _load_full_state(model, src.weights)
-    model.to(dtype)
-    for key in ("_name_or_path", "_model_name_or_path"):  # where it was loaded here: meaningless elsewhere
-        if hasattr(model.config, key):
-            delattr(model.config, key)
-    progress(f"export: saving the model ({cfg.model.dtype}, safetensors)")
-    model.save_pretrained(folder, safe_serialization=True)
+            progress(f"export: merging the adapter from {src.origin}")
+            with tempfile.TemporaryDirectory(prefix="mcprl-adapter-") as tmp:
+                # read_adapter fetches a stored adapter; PEFT wants a plain folder
+                write_adapter(Path(tmp), read_adapter(src.weights))
+                model = PeftModel.from_pretrained(model, tmp).merge_and_unload()
+        else:
+            progress(f"export: loading the trained weights from {src.origin}/state")
+            _load_full_state(model, src.weights)
+        model.to(dtype)
+        for key in ("_name_or_path", "_model_name_or_path"):  # where it was loaded here: meaningless elsewhere
+            if hasattr(model.config, key):
+                delattr(model.config, key)
+        progress(f"export: saving the model ({cfg.model.dtype}, safetensors)")
+        model.save_pretrained(folder, safe_serialization=True)
     tokenizer.save_pretrained(folder)
     return info
 
@@ -350,6 +352,7 @@ def main(argv: list[str] | None = None) -> None:
     import argparse
 
     from actors.models import ModelNotFoundError
+    from cluster.console import quiet_third_party
     from jobs.cli import usage_error
 
     p = argparse.ArgumentParser(prog="python -m jobs.export", description=__doc__.splitlines()[0])
@@ -360,6 +363,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--checkpoint", default="", help="step_N: export this checkpoint instead of the final weights")
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
     args = p.parse_args(argv)
+    quiet_third_party()  # MCPRL_VERBOSE=1 leaves the libraries' output as it is
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         export(
