@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from cluster.local_cluster import free_port, port_in_use
 from configs.schema import ClusterConfig
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,29 @@ def replica_on_loopback() -> None:
 
     bind_loopback.on_loopback = True  # type: ignore[attr-defined]
     replica.add_port_to_grpc_server = bind_loopback
+
+
+# Whether this process started the Ray it is connected to (start_ray's embedded case): only such a run may
+# move a listener off a default port that another run on this machine holds (`listen_port`).
+_started_embedded = False
+
+
+def listen_port(key: str, host: str, port: int, *, explicit: bool, serves: str) -> int:
+    """The port to listen on for config key `key` (host:port as configured). A run that started its own Ray
+    (an embedded Ray) and finds the port taken, most likely by another run on this machine, takes a free
+    port on `host` instead and says so in one line naming `serves`, unless the port was `explicit` (set in the
+    config or by --set): that is a ValueError naming `key`, since whoever chose the port expects it. Connected
+    to a cluster, the port is returned as it is: Serve there may already listen on it, as it should."""
+    if not _started_embedded or not port_in_use(host, port):
+        return port
+    if explicit:
+        raise ValueError(
+            f"{key} {port} is in use on {host} (another run?): stop what listens there, or set {key} to a free "
+            f"port (--set {key}=N); left unset, a run that starts its own Ray takes a free port when {port} is taken"
+        )
+    moved = free_port(host)
+    log.warning("%s %d is in use (another run?): %s on %s:%d", key, port, serves, host, moved)
+    return moved
 
 
 @dataclass
@@ -219,6 +243,7 @@ def start_ray(cfg: ClusterConfig) -> RayHandle:
         log.info("connected to Ray at %s", address)
         return RayHandle(address, started_here=False, dashboard_url=info.dashboard_url or None)
 
+    global _started_embedded
     info = ray.init(
         address="local",  # always a new instance, never a cluster someone `ray start`ed on this machine
         num_cpus=cfg.num_cpus or os.cpu_count(),
@@ -228,6 +253,7 @@ def start_ray(cfg: ClusterConfig) -> RayHandle:
         log_to_driver=True,
         runtime_env={"env_vars": {k: os.environ[k] for k in _EMBEDDED_ENV if k in os.environ}},
     )
+    _started_embedded = True
     log.info("started an embedded Ray (%s CPUs)", ray.cluster_resources().get("CPU"))
     if ray.util.get_node_ip_address() != "127.0.0.1":
         log.warning("embedded Ray listens beyond loopback: `ray` was imported before configure_ray_env()")
@@ -236,10 +262,12 @@ def start_ray(cfg: ClusterConfig) -> RayHandle:
 
 def stop_ray(handle: RayHandle) -> None:
     """Undo `start_ray`: stop an embedded Ray (and its Serve), or only disconnect from a cluster."""
+    global _started_embedded
     import ray
 
     if not ray.is_initialized():
         return
+    _started_embedded = False
     # An embedded Ray takes its Serve with it; asking Serve to shut down first only makes the raylet
     # log the controller's killed tasks.
     ray.shutdown()

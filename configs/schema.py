@@ -245,7 +245,13 @@ class HttpConfig(Strict):
     """The HTTP side of the pool (Serve's proxy)."""
 
     host: str = Field("127.0.0.1", description="Bind address; anything beyond loopback needs a bearer token.")
-    port: int = Field(8000, ge=1, le=65535)
+    port: int = Field(
+        8000,
+        ge=1,
+        le=65535,
+        description="Serve's proxy port. Left unset and taken (another run on this machine), a run that starts "
+        "its own Ray serves on a free port and prints it; set, a taken port is an error. Fixed when Serve starts.",
+    )
     bearer_token_env: str | None = Field(
         None, description="Environment variable holding the token that HTTP clients must send."
     )
@@ -924,7 +930,11 @@ class ClusterConfig(Strict):
     address: str | None = Field(None, description="Ray address; None = $RAY_ADDRESS, else start an embedded local Ray.")
     num_cpus: float | None = Field(None, description="CPUs of the embedded Ray (None = all cores).")
     namespace: str = "mcprl"
-    dashboard: bool = Field(False, description="Start the dashboard with the embedded Ray (127.0.0.1:8265).")
+    dashboard: bool = Field(
+        False,
+        description="Start the dashboard with the embedded Ray (127.0.0.1:8265, or the next free port; the run "
+        "prints its URL).",
+    )
 
 
 class Config(Strict):

@@ -142,17 +142,15 @@ def deploy_judge(cfg: RewardConfig, *, http: HttpConfig | None = None, app_name:
     """
     from ray import serve
 
+    from serve_apps.tool_pool import start_serve
+
     jc = cfg.judge
     app_name = app_name or jc.app_name
     key_env, url = jc.openai.api_key_env, jc.openai.base_url or OPENAI_BASE_URL
     if not os.environ.get(key_env, "").strip() and not is_local_url(url):
         # Checked here: in the replica it would be a crash loop with the message buried in its log.
         raise MissingAPIKey(f"{key_env} is not set, and the judge's endpoint {url} needs an API key")
-    http = http or HttpConfig()
-    serve.start(
-        http_options={"host": http.host, "port": http.port},
-        logging_config={"log_level": "WARNING", "enable_access_log": False},
-    )
+    start_serve(http or HttpConfig(), "Ray Serve (the judge; no HTTP route) listens")
     deployment = serve.deployment(_deployment_class()).options(
         name="Judge",
         num_replicas=1,  # the rate limit is per replica: one replica keeps it the service's limit

@@ -45,10 +45,11 @@ import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
+from cluster.ray_env import listen_port
 from cluster.retry import REPLICA_RETRY_WAIT_S, RetryPolicy, retry_async
-from configs.schema import Deployment, ExternalServer, PythonToolConfig, ToolsConfig
+from configs.schema import Deployment, ExternalServer, HttpConfig, PythonToolConfig, ToolsConfig
 from mcp_servers import build_server, health_probe
 from mcp_servers.errors import UnknownTool
 from serve_apps.mcp_front import MCP_SUFFIX, build_front, http_app
@@ -440,11 +441,12 @@ def deploy_pool(cfg: ToolsConfig, metrics_run: str | None = None) -> ServeToolPo
     from ray import serve
 
     token = check_http_security(cfg)
-    serve.start(
-        http_options={"host": cfg.http.host, "port": cfg.http.port},
-        logging_config={"log_level": "WARNING", "enable_access_log": False},
-    )
-    host, port = _serving_address(cfg)
+    host, port, started = start_serve(cfg.http, "the MCP tool pool serves")
+    if not started and (host, port) != (cfg.http.host, cfg.http.port):
+        log.warning(
+            "Serve was already running on %s:%s; tools.http asks %s:%s, which applies only when Serve starts",
+            host, port, cfg.http.host, cfg.http.port,
+        )  # fmt: skip
     if host not in LOOPBACK_HOSTS and not token:
         raise ValueError(f"Serve already listens on {host}:{port}, beyond loopback: the pool needs a bearer token")
     specs = server_specs(cfg, metrics_run)
@@ -460,18 +462,29 @@ def deploy_pool(cfg: ToolsConfig, metrics_run: str | None = None) -> ServeToolPo
     )
 
 
-def _serving_address(cfg: ToolsConfig) -> tuple[str, int]:
-    """Where Serve's proxy really listens: HTTP options are fixed when Serve first starts in a cluster,
-    so a Serve that was already running keeps its own host and port, whatever this config asks."""
+class ServeAddress(NamedTuple):
+    host: str
+    port: int
+    started: bool  # this call started Serve (else it was running, with the address it started with)
+
+
+def start_serve(http: HttpConfig, serves: str) -> ServeAddress:
+    """Start Ray Serve with its proxy at `http`, unless Serve is running already (HTTP options are fixed when
+    Serve first starts in a cluster), and say where the proxy really listens. A run that started its own Ray
+    moves off a port another run on this machine holds (`listen_port`; `serves` names what the moved proxy
+    serves, for the line that says so): a second proxy would otherwise share it, since Serve binds with
+    SO_REUSEPORT, and the kernel would hand one run's HTTP clients to the other run's tools."""
+    from ray import serve
     from ray.serve.context import _get_global_client
 
-    http = _get_global_client().http_config
-    if (http.host, http.port) != (cfg.http.host, cfg.http.port):
-        log.warning(
-            "Serve was already running on %s:%s; tools.http asks %s:%s, which applies only when Serve starts",
-            http.host, http.port, cfg.http.host, cfg.http.port,
-        )  # fmt: skip
-    return http.host, http.port
+    options = None
+    if _get_global_client(raise_if_no_controller_running=False) is None:
+        explicit = "port" in http.model_fields_set  # written in the config or by --set, not the default
+        port = listen_port("tools.http.port", http.host, http.port, explicit=explicit, serves=serves)
+        options = {"host": http.host, "port": port}
+    serve.start(http_options=options, logging_config={"log_level": "WARNING", "enable_access_log": False})
+    running = _get_global_client().http_config
+    return ServeAddress(running.host, running.port, options is not None)
 
 
 def undeploy_pool(pool: ServeToolPool, timeout_s: float = 60.0) -> None:
