@@ -81,6 +81,15 @@ def replica_on_loopback() -> None:
 _started_embedded = False
 
 
+def port_taken(key: str, host: str, port: int) -> tuple[str, str]:
+    """What stops a run whose explicitly set port another listener holds, and the fix."""
+    return (
+        f"{key} {port} is in use on {host} (another run?)",
+        f"stop what listens there, or set {key} to a free port (--set {key}=N); left unset, a run that starts its "
+        f"own Ray takes a free port when {port} is taken",
+    )
+
+
 def listen_port(key: str, host: str, port: int, *, explicit: bool, serves: str) -> int:
     """The port to listen on for config key `key` (host:port as configured). A run that started its own Ray
     (an embedded Ray) and finds the port taken, most likely by another run on this machine, takes a free
@@ -90,10 +99,7 @@ def listen_port(key: str, host: str, port: int, *, explicit: bool, serves: str) 
     if not _started_embedded or not port_in_use(host, port):
         return port
     if explicit:
-        raise ValueError(
-            f"{key} {port} is in use on {host} (another run?): stop what listens there, or set {key} to a free "
-            f"port (--set {key}=N); left unset, a run that starts its own Ray takes a free port when {port} is taken"
-        )
+        raise ValueError("{}: {}".format(*port_taken(key, host, port)))
     moved = free_port(host)
     log.warning("%s %d is in use (another run?): %s on %s:%d", key, port, serves, host, moved)
     return moved

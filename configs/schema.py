@@ -256,6 +256,11 @@ class HttpConfig(Strict):
         None, description="Environment variable holding the token that HTTP clients must send."
     )
 
+    def port_is_explicit(self) -> bool:
+        """The port was written (in the config or by --set), not left at the default: whoever chose it expects
+        it, so a taken one is an error rather than a move (cluster.ray_env.listen_port)."""
+        return "port" in self.model_fields_set
+
 
 # Offline play's python timeout: its programs are tiny, but a busy machine can take seconds to start a sandbox.
 OFFLINE_PYTHON_TIMEOUT_S = 30.0

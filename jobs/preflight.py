@@ -384,6 +384,24 @@ def check_servers(cfg: Config, pf: Preflight) -> None:
     )
 
 
+def check_tools_port(cfg: Config, pf: Preflight) -> None:
+    """Where the pool's HTTP door will be when the run starts its own Ray; a port set explicitly and taken fails
+    here, before anything starts. A cluster's Serve listens on its own machines (and may be running already)."""
+    from cluster.local_cluster import port_in_use
+    from cluster.ray_env import cluster_address, port_taken
+
+    http = cfg.tools.http
+    if cluster_address(cfg.cluster):
+        return
+    if not port_in_use(http.host, http.port):
+        pf.add("tools port", True, f"the MCP tool pool will serve on {http.host}:{http.port}")
+    elif http.port_is_explicit():
+        pf.add("tools port", False, *port_taken("tools.http.port", http.host, http.port))
+    else:
+        detail = f"{http.port} is in use (another run?): the MCP tool pool will take a free port, printed at start"
+        pf.add("tools port", True, detail)
+
+
 # --------------------------------------------------------------------------- all of it
 
 
@@ -394,6 +412,7 @@ def run_preflight(cfg: Config, write: bool = False) -> Preflight:
     check_resources(cfg, pf, request=write)
     check_keys(cfg, pf)
     check_servers(cfg, pf)
+    check_tools_port(cfg, pf)
     check_model(cfg, pf)
     if pf.listing:
         check_data(cfg, pf, write)

@@ -479,7 +479,7 @@ def start_serve(http: HttpConfig, serves: str) -> ServeAddress:
 
     options = None
     if _get_global_client(raise_if_no_controller_running=False) is None:
-        explicit = "port" in http.model_fields_set  # written in the config or by --set, not the default
+        explicit = http.port_is_explicit()
         port = listen_port("tools.http.port", http.host, http.port, explicit=explicit, serves=serves)
         options = {"host": http.host, "port": port}
     serve.start(http_options=options, logging_config={"log_level": "WARNING", "enable_access_log": False})

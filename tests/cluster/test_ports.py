@@ -1,4 +1,5 @@
-"""The port a run listens on: a run with its own Ray moves off a default port another run holds (no Ray here)."""
+"""The port a run listens on: a run with its own Ray moves off a default port another run holds (no Ray here),
+and what preflight says of it beforehand."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from cluster import ray_env
 from cluster.local_cluster import free_port, port_in_use
 from cluster.ray_env import listen_port
 from configs.loader import load_config
+from configs.schema import Config, HttpConfig
+from jobs.preflight import Check, Preflight, check_tools_port
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "tools.http.port"
@@ -66,7 +69,30 @@ def test_connected_to_a_cluster_the_port_is_left_as_configured(monkeypatch) -> N
 
 
 def test_the_port_counts_as_explicit_only_when_written() -> None:
-    """What start_serve reads: the default (and configs/tools.yaml, which leaves it at the default) may move."""
-    assert "port" not in load_config(None).tools.http.model_fields_set
-    assert "port" not in load_config(ROOT / "configs" / "tools.yaml").tools.http.model_fields_set
-    assert "port" in load_config(None, [f"{KEY}=8001"]).tools.http.model_fields_set
+    """What start_serve and preflight read: the default (and configs/tools.yaml, which leaves it so) may move."""
+    assert not load_config(None).tools.http.port_is_explicit()
+    assert not load_config(ROOT / "configs" / "tools.yaml").tools.http.port_is_explicit()
+    assert load_config(None, [f"{KEY}=8001"]).tools.http.port_is_explicit()
+
+
+def test_preflight_says_where_the_pool_will_serve_and_fails_on_a_taken_explicit_port(monkeypatch) -> None:
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)  # the run would start its own Ray
+
+    def check(cfg: Config) -> list[Check]:
+        pf = Preflight()
+        check_tools_port(cfg, pf)
+        return pf.checks
+
+    free = free_port()
+    [ok] = check(load_config(None, [f"{KEY}={free}"]))
+    assert ok.ok and ok.detail == f"the MCP tool pool will serve on 127.0.0.1:{free}"
+    with listening() as taken:
+        [failed] = check(load_config(None, [f"{KEY}={taken}"]))
+        assert not failed.ok and failed.detail == f"{KEY} {taken} is in use on 127.0.0.1 (another run?)"
+        assert f"--set {KEY}=N" in failed.fix
+        cfg = load_config(None)
+        cfg.tools.http = HttpConfig.model_construct(_fields_set=set(), host="127.0.0.1", port=taken)  # the default
+        [moves] = check(cfg)
+        assert moves.ok and moves.detail.startswith(f"{taken} is in use (another run?): the MCP tool pool will take")
+        # On a cluster, Serve listens on the cluster's machines: nothing to check on this one.
+        assert check(load_config(None, [f"{KEY}={taken}", "cluster.address=127.0.0.1:6379"])) == []

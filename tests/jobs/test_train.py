@@ -87,7 +87,7 @@ def test_preflight_prints_the_plan_and_starts_nothing(tmp_path: Path, tmp_path_f
     temp = tmp_path_factory.mktemp("preflight-tmpdir")  # its own TMPDIR: a temporary folder left is seen
     proc = train(tmp_path, env={"TMPDIR": str(temp)})
     assert "preflight passed" in proc.stdout
-    for check in ("resources", "API keys", "MCP servers", "model", "data", "chat template"):
+    for check in ("resources", "API keys", "MCP servers", "tools port", "model", "data", "chat template"):
         assert f"[ok] {check}" in proc.stdout
     assert "fine-tune: lora" in proc.stdout and "rollout backend: hf" in proc.stdout
     data = tmp_path / "data"
