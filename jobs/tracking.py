@@ -2,7 +2,8 @@
 
 `Tracker(cfg, run_dir)` is the one sink the driver talks to:
 
-- `run_dir/metrics.jsonl`: one JSON line `{"step": s, key: value, ...}` per `log` call, flushed and
+- `run_dir/metrics.jsonl`: one JSON line `{"step": s, key: value, ...}` per `log` call (every key the run logs is
+  listed, with its meaning, in jobs/metric_names.py), flushed and
   fsynced before `log` returns, so a crash loses nothing already logged. This file is the run's
   record: `history()` reads it back and the end-of-run report (jobs/report.py) is drawn from it.
 - W&B (`cfg.logging.wandb`): `auto` is online when WANDB_API_KEY is set and offline otherwise (a

@@ -438,8 +438,7 @@ class Driver:
                 train_s += time.perf_counter() - t0
                 tokens += sum(len(s["prompt_ids"]) + len(s["response_ids"]) for s in chosen)
                 losses.append(float(out["sft_loss"]))
-                figures = {"step": k, "loss": losses[-1], "grad_norm": out["grad_norm"]}
-                self.tracker.log(0, figures, prefix="sft/")
+                self.tracker.log(0, {"sft/step": k, "sft/loss": losses[-1], "sft/grad_norm": out["grad_norm"]})
                 self.tracker.write(
                     f"warm start {k}/{sw.steps} | sft_loss {losses[-1]:.4f} | grad {out['grad_norm']:.3g} | "
                     f"tok/s {out['tokens_per_s']:.0f}"

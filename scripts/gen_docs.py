@@ -1,6 +1,6 @@
-"""Write the docs site's reference pages from the code: every config key, every entry point's --help, the
-exported metrics. `python scripts/gen_docs.py` rewrites docs/reference/; `--out DIR` writes elsewhere
-(tests/test_docs.py compares a fresh copy with the committed one). Nothing at run time imports this.
+"""Write the docs site's reference pages from the code: every config key, every entry point's --help, the keys
+metrics.jsonl holds and the exported metrics. `python scripts/gen_docs.py` rewrites docs/reference/; `--out DIR`
+writes elsewhere (tests/test_docs.py compares a fresh copy with the committed one). Nothing at run time imports this.
 """
 
 from __future__ import annotations
@@ -212,19 +212,30 @@ def cli_page() -> str:
 
 def metrics_page() -> str:
     from cluster.metrics import METRICS, PROMETHEUS_PREFIX
+    from jobs.metric_names import METRIC_NAMES
 
     lines = [
         "# Metrics",
+        "",
+        "## `metrics.jsonl` and W&B",
+        "",
+        "Every key a training run writes to `<run>/metrics.jsonl` (one JSON line per record, each with its `step`; "
+        "W&B gets the same keys), from `jobs/metric_names.py`: tests/jobs/test_metric_names.py fails when the code "
+        "logs a key that is not listed there, or when a listed key is no longer logged. `<template>` stands for a "
+        "task generator's template, `<set>` for a held-out set (`validation`, `transfer`). Warm-start (`sft/`) "
+        "records are logged at step 0; `eval/<set>/` figures at the evaluation's step.",
+        "",
+        "| key | meaning |",
+        "|---|---|",
+        *[f"| `{key}` | {_cell(meaning)} |" for key, meaning in METRIC_NAMES.items()],
+        "",
+        "## Ray metrics (Prometheus, Grafana)",
         "",
         "The metrics exported to Ray's metrics system (`cluster/metrics.py` lists them all; "
         "`logging.ray_metrics: false` turns them off), as Prometheus and the Grafana dashboard "
         "`cluster/grafana/mcprl.json` see them: Ray adds the prefix `ray_`, and a counter's series ends in "
         "`_total`, a histogram's in `_bucket`. A step figure is set from the driver's key of the same name in "
         "`metrics.jsonl`.",
-        "",
-        "A run's `metrics.jsonl` and W&B hold more keys than these (per-phase timings, per-template pass rates, "
-        "learner and health figures, each evaluation's results); they are not defined in one place, so this page "
-        "lists only the exported ones.",
         "",
         "| metric | kind | tags | `metrics.jsonl` key | description |",
         "|---|---|---|---|---|",
