@@ -67,8 +67,9 @@ lint: install
 
 # The docs site into site/ (open site/index.html). Its reference pages come from the code: after changing a config
 # key or a command's options, rerun `python scripts/gen_docs.py` (tests/test_docs.py fails until then).
+# NO_MKDOCS_2_WARNING: Material's banner about MkDocs 2.0, which does not concern a pinned mkdocs 1.6.
 docs: install
-	$(PY) -m mkdocs build --strict --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
 
 # Every suite, each comparison side by side and repeated (~1 h on 2 cores): JSON, a markdown table and a
 # chart per suite in bench_results/. One suite: `python -m bench --suite e2e` (see `python -m bench --help`).
