@@ -93,3 +93,24 @@ def test_the_commands_the_docs_show_exist() -> None:
                             wrong.append(f"{where}: no config key {key}")
     assert seen > 30, f"only {seen} commands found: the scan is broken"
     assert not wrong, "commands in the docs that the code does not have:\n" + "\n".join(wrong)
+
+
+def test_the_make_targets_and_files_the_docs_name_exist() -> None:
+    """Every `make <target>` in the README and the how-to pages is a Makefile target, and every repository path
+    they name in backticks (a folder/file.ext; outputs under runs/, report/, site/, bench_results/ aside) exists."""
+    targets = set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), re.M))
+    pages = [ROOT / "README.md", *(p for p in sorted((ROOT / "docs").rglob("*.md")) if "reference" not in p.parts)]
+    wrong, seen = [], 0
+    for page in pages:
+        for n, line in enumerate(page.read_text().splitlines(), 1):
+            where = f"{page.relative_to(ROOT)}:{n}"
+            for target in re.findall(r"`make ([\w-]+)", line):
+                seen += 1
+                if target not in targets:
+                    wrong.append(f"{where}: no make target {target}")
+            for path in re.findall(r"`((?:[\w.-]+/)+[\w.-]+\.(?:py|ya?ml|sh|json|toml|md))`", line):
+                seen += 1
+                if not path.startswith(("runs/", "report/", "site/", "bench_results/")) and not (ROOT / path).exists():
+                    wrong.append(f"{where}: no file {path}")
+    assert seen > 30, f"only {seen} targets and paths found: the scan is broken"
+    assert not wrong, "targets and files the docs name that the repository does not have:\n" + "\n".join(wrong)
