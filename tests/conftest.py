@@ -4,6 +4,8 @@ once per session."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -23,6 +25,25 @@ from cluster.ray_env import configure_ray_env
 from configs.schema import ClusterConfig
 
 configure_ray_env()  # before any test module imports ray: loopback-only listeners
+
+
+@contextlib.contextmanager
+def library_logs(*names: str) -> Iterator[None]:
+    """These libraries' loggers at DEBUG, without cluster.console's filters, for the
+    block: an earlier test in this pytest process may have quieted them, as every entry point does."""
+    from cluster.console import DropBelow
+
+    saved = {name: (logging.getLogger(name).level, logging.getLogger(name).filters[:]) for name in names}
+    for name in names:
+        logger = logging.getLogger(name)
+        logger.filters = [f for f in logger.filters if not isinstance(f, DropBelow)]
+        logger.setLevel(logging.DEBUG)
+    try:
+        yield
+    finally:
+        for name, (level, filters) in saved.items():
+            logging.getLogger(name).filters = filters
+            logging.getLogger(name).setLevel(level)
 
 
 @pytest.fixture(scope="session")

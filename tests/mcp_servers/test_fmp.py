@@ -3,34 +3,25 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from datetime import date
 
 import pytest
 from fastmcp import Client
 from fastmcp.exceptions import ValidationError
 
-from cluster.console import DropBelow
 from configs.schema import LiveService
 from mcp_servers import build_server
 from mcp_servers.errors import InvalidArguments, Unavailable, UpstreamError
+from tests.conftest import library_logs
 
 from .standins import HTTP_FAULTS, UNKNOWN, assert_documented, call, fault
 
 
 @pytest.fixture
-def library_logs():
-    """httpx's and FastMCP's logs as `-v` leaves them: an earlier test in this pytest process may have quieted
-    them (cluster.console), and what these tests check is that such a log never holds the key."""
-    saved = {}
-    for name in ("httpx", "fastmcp"):
-        logger = logging.getLogger(name)
-        saved[name] = (logger.level, logger.filters[:])
-        logger.filters = [f for f in logger.filters if not isinstance(f, DropBelow)]
-        logger.setLevel(logging.NOTSET)
-    yield
-    for name, (level, filters) in saved.items():
-        logging.getLogger(name).filters = filters
-        logging.getLogger(name).setLevel(level)
+def loud_logs() -> Iterator[None]:
+    with library_logs("httpx", "fastmcp"):  # what these tests check is that such a log never holds the key
+        yield
 
 
 SERVER = "fmp"
@@ -181,7 +172,7 @@ async def test_live_http_failures_never_leak_the_query_key(live, api, status, ki
     assert KEY not in str(error) and KEY in api.last.url
 
 
-async def test_httpx_request_logs_are_redacted(live, caplog, library_logs):
+async def test_httpx_request_logs_are_redacted(live, caplog, loud_logs):
     caplog.set_level(logging.INFO, logger="httpx")
     await call(live, "company_profile", symbol="AAPL")
     assert "/stable/profile" in caplog.text
@@ -194,7 +185,7 @@ async def test_live_error_object_instead_of_rows_is_an_upstream_error(live, api)
     assert type(error) is UpstreamError and not error.retryable and "Limit Reach" in str(error)
 
 
-async def test_failure_logs_never_hold_the_key(live, api, caplog, capfd, library_logs):
+async def test_failure_logs_never_hold_the_key(live, api, caplog, capfd, loud_logs):
     caplog.set_level(logging.DEBUG)
     # vLLM, once imported, raises httpx's level; its URL log (with the key) is the risk under test
     caplog.set_level(logging.DEBUG, logger="httpx")

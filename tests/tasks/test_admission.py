@@ -15,6 +15,7 @@ from serve_apps.tool_pool import LocalToolPool
 from tasks import admission as a
 from tasks.inventory import Inventory, inventory_from_listing
 from tasks.io import read_rows
+from tests.conftest import library_logs
 
 FIXTURE = Path(__file__).parent / "fixtures" / "gate_rows.jsonl"
 
@@ -131,14 +132,15 @@ async def test_failed_calls_are_not_logged_as_errors(pool: LocalToolPool, invent
     """FastMCP logs a failing call with a traceback; during admission that is an expected verdict."""
     row = variant(fixture_rows()[0], "zzzz", "ZZZZ close to Slack", "ZZZZ")
     logger = logging.getLogger("fastmcp")
-    handler, level = Records(), logger.level
+    handler = Records()
     logger.addHandler(handler)
     try:
-        result = await a.admit([row], pool, inventory, near_duplicate_threshold=0.9)
-        assert result.rejected[0].reason == a.CALL_FAILED
-        assert handler.records == []
-        assert logger.level == level  # restored
-        await pool.call_tool("polygon", "previous_close", {"ticker": "ZZZZ"})  # outside admission: logged
-        assert handler.records
+        with library_logs("fastmcp"):  # an earlier test in the process may have quieted it
+            result = await a.admit([row], pool, inventory, near_duplicate_threshold=0.9)
+            assert result.rejected[0].reason == a.CALL_FAILED
+            assert handler.records == []
+            assert logger.level == logging.DEBUG  # restored
+            await pool.call_tool("polygon", "previous_close", {"ticker": "ZZZZ"})  # outside admission: logged
+            assert handler.records
     finally:
         logger.removeHandler(handler)
