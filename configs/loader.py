@@ -78,12 +78,12 @@ def format_errors(err: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
-def _model_in(annotation: Any) -> type[BaseModel] | None:
+def section_model(annotation: Any) -> type[BaseModel] | None:
     """The config section type in a field's annotation (`X`, `X | None`, `list[X]`), or None for a value."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     for arg in get_args(annotation):
-        if found := _model_in(arg):
+        if found := section_model(arg):
             return found
     return None
 
@@ -91,7 +91,7 @@ def _model_in(annotation: Any) -> type[BaseModel] | None:
 def _key_paths(model: type[BaseModel], prefix: str = "") -> Iterator[str]:
     for name, field in model.model_fields.items():
         yield prefix + name
-        if sub := _model_in(field.annotation):
+        if sub := section_model(field.annotation):
             yield from _key_paths(sub, f"{prefix}{name}.")
 
 
@@ -103,7 +103,7 @@ def did_you_mean(loc: Sequence[str | int]) -> str:
         if isinstance(part, int):  # a list item: the section type was taken from the list's annotation
             continue
         field = model.model_fields.get(part) if model else None
-        model = _model_in(field.annotation) if field else None
+        model = section_model(field.annotation) if field else None
     name = str(loc[-1])
     if model is not None:
         close = difflib.get_close_matches(name, list(model.model_fields), n=1, cutoff=0.6)

@@ -33,16 +33,15 @@ HELP_WIDTH = "100"  # argparse wraps --help to $COLUMNS: fixed, so the pages do 
 
 
 def _section(annotation: Any) -> tuple[type[BaseModel], str] | None:
-    """The config section in a field's annotation and how its keys hang below the field: `X` or `X | None`
-    gives "", `list[X]` gives "[]" (keys of each item)."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation, ""
-    origin = typing.get_origin(annotation)
-    for arg in typing.get_args(annotation):
-        found = _section(arg)
-        if found:
-            return found[0], ("[]" if origin is list else found[1])
-    return None
+    """The config section in a field's annotation (configs.loader.section_model) and how its keys hang below
+    the field: `X` or `X | None` gives "", `list[X]` (or `list[X] | None`) gives "[]" (keys of each item)."""
+    from configs.loader import section_model
+
+    sub = section_model(annotation)
+    if sub is None:
+        return None
+    listed = any(typing.get_origin(a) is list for a in (annotation, *typing.get_args(annotation)))
+    return sub, "[]" if listed else ""
 
 
 def type_name(annotation: Any) -> str:
