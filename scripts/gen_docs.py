@@ -269,7 +269,9 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python scripts/gen_docs.py", description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=REFERENCE, help="folder to write (default docs/reference)")
     args = p.parse_args(argv)
-    os.environ.setdefault("FASTMCP_LOG_LEVEL", "ERROR")
+    from cluster.console import quiet_third_party
+
+    quiet_third_party()  # importing the entry points for their --help: as quiet as the entry points are
     for path in write(args.out):
         print(path)
 
