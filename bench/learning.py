@@ -18,12 +18,18 @@ gain ≥ 15 points with its CI above 0, validation success after GRPO ≥ 60%, t
 
 Files: out/learning.json, out/learning.md (figures over seeds: median [min, max]; per-seed lines below it),
 out/learning.png (drawn here: per seed, grouped bars of each set's success) and out/learning-work/ (the
-runs themselves: evals.json, metrics.jsonl, report; emptied at the start of each invocation).
+runs themselves: evals.json, metrics.jsonl, report; and seed-<s>.json, each finished seed's result).
+
+A seed takes about an hour on 2 cores, so the suite can be run a seed at a time
+(`--set learning.seeds=[1]`): a seed whose seed-<s>.json was written for the same recipe (the config file's
+text and the overrides, recipe.json) is read back, not rerun; `--set learning.reuse=false`, or another recipe,
+empties the work folder first.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import shutil
@@ -317,14 +323,43 @@ def chart(seeds: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
+def recipe(o: LearningOptions) -> dict[str, Any]:
+    """What a seed's result depends on besides its seed: the config file's text and the runs' overrides."""
+    text = (ROOT / o.config).read_bytes()
+    return {"config": o.config, "config_sha256": hashlib.sha256(text).hexdigest(), "sets": o.sets}
+
+
+def open_work(o: LearningOptions, work: Path) -> None:
+    """The work folder for this recipe: kept when it holds the same recipe's seeds (and `reuse`), else emptied
+    (the task files and runs of another recipe must not mix with this one's)."""
+    mark = work / "recipe.json"
+    want = recipe(o)
+    if not (o.reuse and mark.is_file() and json.loads(mark.read_text()) == want):
+        shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True, exist_ok=True)
+    mark.write_text(json.dumps(want, indent=1))
+
+
+def seed_result(o: LearningOptions, seed: int, work: Path, data: dict[str, str], console: Console) -> dict[str, Any]:
+    """The seed's result: read back from an earlier invocation of this recipe, or run now and written."""
+    path = work / f"seed-{seed}.json"
+    if path.is_file():
+        done = json.loads(path.read_text())
+        console.print(f"seed {seed}: finished {done['finished']}, read from {path} (learning.reuse=false reruns it)")
+        return done
+    result = one_seed(o, seed, (work / "runs").resolve(), data, console)
+    result["finished"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    path.write_text(json.dumps(result, indent=1))
+    return result
+
+
 def run(opts: BenchOptions, console: Console) -> SuiteResult:
     """Run the suite (see the module doc); it draws its own chart (results.chart has no grouped bars)."""
     o = sizes(opts)
     work = opts.out / WORK
-    shutil.rmtree(work, ignore_errors=True)  # task files and runs of an earlier invocation (another config)
-    storage = (work / "runs").resolve()
+    open_work(o, work)
     data = shared_data(ROOT / o.config, (work / "data").resolve())
-    seeds = [one_seed(o, seed, storage, data, console) for seed in o.seeds]
+    seeds = [seed_result(o, seed, work, data, console) for seed in o.seeds]
     summary = across(seeds)
     lines = notes(o, seeds, summary)
     for line in lines:

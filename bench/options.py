@@ -172,6 +172,11 @@ class LearningOptions(Section):
     seeds: list[int] = Field([0, 1, 2], description="train.seed of each pair of runs (rollout.sampling.seed: +1)")
     run_timeout_s: float = Field(7200.0, gt=0, description="the most one jobs.train process may take")
     sets: dict[str, Any] = Field({}, description="config overrides of every run (`--set` of jobs.train)")
+    reuse: bool = Field(
+        True,
+        description="keep a seed's finished result (learning-work/seed-<s>.json) when the config file and overrides "
+        "are unchanged, so the seeds can be run one invocation at a time; false reruns every seed",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> LearningOptions:

@@ -52,6 +52,20 @@ _NOTICES: dict[str, tuple[str, ...]] = {
 }
 
 
+# Lines libraries print straight to stderr, not through logging, as substrings: vLLM's Triton check when
+# imported before any logging config applies (each process), and torch's note on binding a CPU engine's
+# memory to its NUMA node. Only a filter on a child's stderr (`printed_notice`) can drop them.
+_PRINTED_NOTICES = (
+    "Triton is installed, but doesn't include CPU backend",
+    "Warning: NUMA binding: Using MEMBIND policy",
+)
+
+
+def printed_notice(line: str) -> bool:
+    """Whether a line a child process printed is one of the routine notices above (never under -v)."""
+    return not verbose() and any(notice in line for notice in _PRINTED_NOTICES)
+
+
 # Python warnings of library against library, as PYTHONWARNINGS entries: vLLM's Triton shim asks torch for an
 # attribute torch deprecated, in each process vLLM starts.
 _PYTHON_WARNINGS = "ignore:`torch.distributed.reduce_op` is deprecated:FutureWarning"

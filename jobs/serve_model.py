@@ -240,9 +240,12 @@ _EXIT_REPORT = (
 
 
 def _relay(stream: IO[str]) -> None:
-    """The server's stderr onto ours, less triton's exit report (_EXIT_REPORT)."""
+    """The server's stderr onto ours, less triton's exit report (_EXIT_REPORT) and the notices it prints
+    on start (cluster.console's printed_notice)."""
+    from cluster.console import printed_notice
+
     for line in stream:
-        if not line.startswith(_EXIT_REPORT):
+        if not line.startswith(_EXIT_REPORT) and not printed_notice(line):
             sys.stderr.write(line)
             sys.stderr.flush()
 

@@ -67,3 +67,31 @@ def test_learning_quick_compares_grpo_with_sft_for_the_same_time(tmp_path: Path)
     assert m_sft == more["sft_steps"] == g_sft + seed["extra_sft_steps"] > g_sft
     assert not any("timing/step_s" in r for r in m_rec) and more["grpo_steps"] == 0
     assert grpo["grpo_s"] > 0 and seed["extra_sft_steps"] >= 1
+
+    # Run again, as a user finishing the seeds one invocation at a time: the finished seed is read back, not rerun.
+    before = (Path(grpo["run_dir"]) / "metrics.jsonl").stat().st_mtime_ns
+    again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "seed 0: finished " in again.stdout and "read from" in again.stdout, again.stdout[-3000:]
+    assert (Path(grpo["run_dir"]) / "metrics.jsonl").stat().st_mtime_ns == before
+    (reread,) = json.loads((tmp_path / "learning.json").read_text())["report"]["seeds"]
+    assert reread["sets"] == seed["sets"] and reread["finished"] == seed["finished"]
+
+
+def test_the_work_folder_is_kept_for_the_same_recipe_only(tmp_path: Path) -> None:
+    """bench.learning.open_work: a seed's result survives a rerun of its recipe, and only of its recipe."""
+    from bench.learning import open_work
+    from bench.options import LearningOptions
+
+    work = tmp_path / "learning-work"
+    recipe = LearningOptions(config="configs/ci-tiny.yaml", seeds=[0], sets={"train.steps": 1})
+    open_work(recipe, work)
+    (work / "seed-0.json").write_text("{}")
+    open_work(recipe, work)
+    assert (work / "seed-0.json").is_file()
+    open_work(recipe.model_copy(update={"reuse": False}), work)
+    assert not (work / "seed-0.json").exists()
+    (work / "seed-0.json").write_text("{}")
+    open_work(recipe.model_copy(update={"sets": {"train.steps": 2}}), work)
+    assert not (work / "seed-0.json").exists()
+    assert json.loads((work / "recipe.json").read_text())["sets"] == {"train.steps": 2}

@@ -165,19 +165,22 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory, pool: tuple[list[dict]
 
 
 def wait_ready(url: str, proc: subprocess.Popen, log: Path) -> None:
+    """As a user waits: for serve_model's ready line (printed once the server's /health answers; on a
+    loaded machine that can come seconds after the API does), then for the API itself."""
     import httpx
 
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise AssertionError(f"the server exited ({proc.returncode}):\n{log.read_text()[-4000:]}")
-        try:
-            if httpx.get(f"{url}/models", timeout=2).status_code in (200, 401):
-                return
-        except httpx.HTTPError:
-            pass
+        if f"ready: {url} (Ctrl-C stops it)" in log.read_text():
+            try:
+                if httpx.get(f"{url}/models", timeout=5).status_code in (200, 401):
+                    return
+            except httpx.HTTPError:
+                pass
         time.sleep(1)
-    raise AssertionError(f"the server did not answer within {START_TIMEOUT_S} s:\n{log.read_text()[-4000:]}")
+    raise AssertionError(f"no ready line, or no API, within {START_TIMEOUT_S} s:\n{log.read_text()[-4000:]}")
 
 
 @pytest.fixture(scope="module")
@@ -305,6 +308,8 @@ def test_its_console_is_ours_and_ctrl_c_ends_it_in_one_line(server: tuple[str, P
         "Loading weights",  # transformers' bars in the export, which prints its own steps
         "Writing model shards",
         "Setting accelerator to CPU",  # DeepSpeed's notice, on import
+        "Disabling Triton",  # vLLM's print on import, in each of its processes
+        "NUMA binding",  # torch's, on the engine core's start
     ):
         assert noise not in started, noise
     os.killpg(proc.pid, signal.SIGINT)
