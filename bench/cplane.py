@@ -240,7 +240,7 @@ def _ray_up(cfg: Any) -> Iterator[None]:
 
 
 def _config(opts: BenchOptions) -> Any:
-    from cluster.local_cluster import free_port
+    from cluster.ports import free_port
     from configs.loader import load_config
 
     # A free port: Serve's proxy must not collide with another pool on this machine.

@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,8 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from cluster.ports import free_port
 
 RAY = str(Path(sys.executable).with_name("ray"))
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,31 +44,6 @@ NODE_PORTS = (
     "metrics-export",
     "runtime-env-agent",
 )
-
-
-def _tcp_socket(host: str) -> socket.socket:
-    return socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port free on `host` right now ("" for every interface)."""
-    with _tcp_socket(host) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def port_in_use(host: str, port: int) -> bool:
-    """Whether something listens on host:port: a bind the way servers bind (SO_REUSEADDR, so a closed
-    connection's TIME_WAIT does not count) fails. Ray Serve's proxy also sets SO_REUSEPORT, with which a second
-    proxy would share the port silently (the kernel splits connections between the two); this bind has no
-    SO_REUSEPORT, so such a listener fails it too."""
-    with _tcp_socket(host) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return True
-    return False
 
 
 def node_port_flags() -> list[str]:

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from cluster.local_cluster import free_port, port_in_use
+from cluster.ports import free_port, taken_port
 from configs.schema import ClusterConfig
 
 log = logging.getLogger(__name__)
@@ -81,25 +81,14 @@ def replica_on_loopback() -> None:
 _started_embedded = False
 
 
-def port_taken(key: str, host: str, port: int) -> tuple[str, str]:
-    """What stops a run whose explicitly set port another listener holds, and the fix."""
-    return (
-        f"{key} {port} is in use on {host} (another run?)",
-        f"stop what listens there, or set {key} to a free port (--set {key}=N); left unset, a run that starts its "
-        f"own Ray takes a free port when {port} is taken",
-    )
-
-
 def listen_port(key: str, host: str, port: int, *, explicit: bool, serves: str) -> int:
     """The port to listen on for config key `key` (host:port as configured). A run that started its own Ray
     (an embedded Ray) and finds the port taken, most likely by another run on this machine, takes a free
     port on `host` instead and says so in one line naming `serves`, unless the port was `explicit` (set in the
     config or by --set): that is a ValueError naming `key`, since whoever chose the port expects it. Connected
     to a cluster, the port is returned as it is: Serve there may already listen on it, as it should."""
-    if not _started_embedded or not port_in_use(host, port):
+    if not _started_embedded or not taken_port(key, host, port, explicit=explicit):
         return port
-    if explicit:
-        raise ValueError("{}: {}".format(*port_taken(key, host, port)))
     moved = free_port(host)
     log.warning("%s %d is in use (another run?): %s on %s:%d", key, port, serves, host, moved)
     return moved

@@ -387,19 +387,22 @@ def check_servers(cfg: Config, pf: Preflight) -> None:
 def check_tools_port(cfg: Config, pf: Preflight) -> None:
     """Where the pool's HTTP door will be when the run starts its own Ray; a port set explicitly and taken fails
     here, before anything starts. A cluster's Serve listens on its own machines (and may be running already)."""
-    from cluster.local_cluster import port_in_use
-    from cluster.ray_env import cluster_address, port_taken
+    from cluster.ports import PortTaken, taken_port
+    from cluster.ray_env import cluster_address
 
     http = cfg.tools.http
     if cluster_address(cfg.cluster):
         return
-    if not port_in_use(http.host, http.port):
-        pf.add("tools port", True, f"the MCP tool pool will serve on {http.host}:{http.port}")
-    elif http.port_is_explicit():
-        pf.add("tools port", False, *port_taken("tools.http.port", http.host, http.port))
-    else:
+    try:
+        moves = taken_port("tools.http.port", http.host, http.port, explicit=http.port_is_explicit())
+    except PortTaken as e:
+        pf.add("tools port", False, e.problem, e.fix)
+        return
+    if moves:
         detail = f"{http.port} is in use (another run?): the MCP tool pool will take a free port, printed at start"
         pf.add("tools port", True, detail)
+    else:
+        pf.add("tools port", True, f"the MCP tool pool will serve on {http.host}:{http.port}")
 
 
 # --------------------------------------------------------------------------- all of it

@@ -250,6 +250,6 @@ def _rendezvous_address() -> tuple[str, int]:
     """This node's IP and a port free on it (for rank 0's TCPStore)."""
     import ray
 
-    from cluster.local_cluster import free_port
+    from cluster.ports import free_port
 
     return ray.util.get_node_ip_address(), free_port("")

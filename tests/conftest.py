@@ -20,7 +20,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 
-from cluster.local_cluster import free_port  # noqa: F401  (the tests import it from here)
+from cluster.ports import free_port  # noqa: F401  (the tests import it from here)
 from cluster.ray_env import configure_ray_env
 from configs.schema import ClusterConfig
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from cluster.local_cluster import free_port
+from cluster.ports import free_port
 
 BUCKET = "mcprl-test"
 

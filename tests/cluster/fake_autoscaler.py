@@ -18,7 +18,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from cluster.local_cluster import RAY, clean_env, free_port, node_port_flags, stop_group, wait_for
+from cluster.local_cluster import RAY, clean_env, node_port_flags, stop_group, wait_for
+from cluster.ports import free_port
 from cluster.ray_env import unreachable
 
 HEAD_TYPE = "ray.head.default"  # the fake provider's name for the head's type

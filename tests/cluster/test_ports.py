@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from cluster import ray_env
-from cluster.local_cluster import free_port, port_in_use
+from cluster.ports import free_port, port_in_use
 from cluster.ray_env import listen_port
 from configs.loader import load_config
 from configs.schema import Config, HttpConfig

@@ -16,7 +16,8 @@ import psutil
 import pytest
 import ray
 
-from cluster.local_cluster import RAY, clean_env, free_port, get_json, node_port_flags, stop_group, wait_for
+from cluster.local_cluster import RAY, clean_env, get_json, node_port_flags, stop_group, wait_for
+from cluster.ports import free_port
 from cluster.ray_env import _EMBEDDED_ENV, start_ray
 from configs.schema import ClusterConfig
 

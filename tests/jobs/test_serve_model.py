@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from cluster.local_cluster import free_port
+from cluster.ports import free_port
 from configs.schema import Config
 from jobs.serve_model import api_key_for, is_loopback
 from serve_apps.tool_pool import LocalToolPool

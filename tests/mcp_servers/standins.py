@@ -22,7 +22,7 @@ from urllib.parse import parse_qsl, urlsplit
 import pytest
 from fastmcp import FastMCP
 
-from cluster.local_cluster import free_port
+from cluster.ports import free_port
 from mcp_servers.errors import ToolFault, Unavailable, UpstreamError
 
 UNKNOWN = "NOPE"  # the symbol every stand-in treats as unknown
