@@ -184,8 +184,7 @@ class Driver:
 
         print(f"starting the learner group ({self.cfg.learner.workers} worker(s))", flush=True)
         self.services.learner = learner = LearnerGroup(self.cfg)
-        info = await learner.start()
-        log.info("learner: %s", info)
+        await learner.start()  # it logs what it set up
         return learner
 
     async def _resume(self, ckpt: str) -> None:

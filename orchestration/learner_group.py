@@ -104,7 +104,19 @@ class LearnerGroup:
             await self.shutdown()
             raise
         self.info = infos[0]
-        log.info("learner group: %d worker(s) on %d node(s): %s", n, len(nodes), self.info)
+        i = self.info
+        log.info(
+            "learner group: %d worker(s) on %d node(s), %s: %.1fM parameters, %.2fM trained; sharding %s, "
+            "KL reference %s; set up in %.1f s",
+            n,
+            len(nodes),
+            i["device"],
+            i["params"] / 1e6,
+            i["trainable"] / 1e6,
+            i["backend"],
+            i["reference"],
+            i["setup_s"],
+        )
         return self.info
 
     async def restart(self) -> dict[str, Any]:
