@@ -6,6 +6,10 @@ Only routine lines go: INFO chatter (Ray's start, Serve's app lifecycle, W&B's b
 of local loads, and named warnings that say nothing to a user of mcprl (Ray's token-auth notice, vLLM's
 notes on settings mcprl chose on purpose). Errors, and every other warning, still show.
 
+What a library prints without logging (vLLM's Triton check on import, torch's NUMA note) is dropped where
+it passes through our code: a child's stderr we relay (`printed_notice`) and the lines Ray forwards from its
+workers to the driver (`quiet_worker_lines`, which `cluster.ray_env.start_ray` installs).
+
 `-v` (MCPRL_VERBOSE=1, which the embedded Ray's workers inherit) leaves everything as the libraries have it.
 """
 
@@ -45,6 +49,8 @@ _NOTICES: dict[str, tuple[str, ...]] = {
     # vLLM's CPU worker, on every engine start, about preloading tcmalloc and Intel OpenMP for speed: a
     # tuning of the host that mcprl does not make and a user rarely can (CPU engines are CI-sized here).
     "vllm.v1.worker.cpu_worker": ("libtcmalloc is not found in LD_PRELOAD", "libiomp is not found in LD_PRELOAD"),
+    # ... and about the OpenMP threads it derives from the cores the engine is bound to (orchestration/cpu_pinning.py).
+    "vllm.utils.torch_utils": ("OMP_NUM_THREADS=",),
     # DeepSpeed (imported by the training libraries) on a machine without a GPU: CPU is what that machine has.
     "DeepSpeed": ("Setting accelerator to CPU",),
     # Addressed to mcprl's code (actors/vllm_engine.py passes token ids), not to its user.
@@ -64,6 +70,30 @@ _PRINTED_NOTICES = (
 def printed_notice(line: str) -> bool:
     """Whether a line a child process printed is one of the routine notices above (never under -v)."""
     return not verbose() and any(notice in line for notice in _PRINTED_NOTICES)
+
+
+def quiet_worker_lines() -> None:
+    """Drop the printed notices from the lines Ray forwards from its workers to this driver's console (vLLM's
+    engine core prints them in a Ray actor); the workers' log files keep them. Ray's dispatcher of those lines
+    is not public API: where it is not as expected, nothing is dropped. Idempotent; never under -v."""
+    if verbose():
+        return
+    try:
+        from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+
+        handlers, lock = dispatcher.handlers, dispatcher._lock
+    except (ImportError, AttributeError):
+        return
+
+    def drop(batch: dict[str, Any]) -> None:  # runs before Ray's printer (first in the list), on the same batch
+        batch["lines"] = [line for line in batch.get("lines", ()) if not printed_notice(line)]
+
+    with lock:
+        if not any(name == _WORKER_FILTER for name, _ in handlers):
+            handlers.insert(0, (_WORKER_FILTER, drop))
+
+
+_WORKER_FILTER = "mcprl_printed_notices"
 
 
 # Python warnings of library against library, as PYTHONWARNINGS entries: vLLM's Triton shim asks torch for an

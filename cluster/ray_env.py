@@ -228,6 +228,10 @@ def start_ray(cfg: ClusterConfig) -> RayHandle:
     configure_ray_env()  # in time when ray is not imported yet; else the warning below says what went wrong
     import ray
 
+    from cluster.console import quiet_worker_lines
+
+    quiet_worker_lines()
+
     if ray.is_initialized():  # preflight connected first, or a test session's Ray
         ctx = ray.get_runtime_context()
         return RayHandle(ctx.gcs_address, started_here=False, dashboard_url=_dashboard_url())

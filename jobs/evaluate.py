@@ -11,7 +11,9 @@ calls_right, infra_fault, the expected calls and answer, the calls made and the 
 prompt) that jobs/stats.py pairs across stages, `per_template`, and `worst_failures` (worst first: the
 expected calls and answer, the calls made, the last message); a training run's own evaluations keep the
 figures only. The engines, runners and tool pool are the training run's own (`orchestration.rollout_group`),
-so an evaluation plays exactly what training rollouts play.
+so an evaluation plays exactly what training rollouts play. An adapter reaches the engines as a training run's
+policy does (`rollout.weight_push`): on a vLLM engine on CPU merged into the base weights by a learner
+(`push_merged`), elsewhere as a LoRA adapter.
 """
 
 from __future__ import annotations
@@ -171,9 +173,28 @@ async def _with_progress(rollout: Any, playing: Any, total: int) -> Any:
         bar.close()
 
 
+async def push_merged(cfg: Config, rollout: Any) -> None:
+    """The CPU engine's fast path: the adapter (`finetune.init_adapter`) merged into the base weights by a
+    learner, as a training run pushes its policy (`rollout.weight_push` merged), so the engine generates through
+    plain weights, ~9x faster on CPU than through LoRA, and plays what the run's own evaluations played."""
+    import time
+
+    from orchestration.learner_group import LearnerGroup
+
+    t0 = time.perf_counter()
+    learner = LearnerGroup(cfg)
+    try:
+        await learner.start()
+        await rollout.push_weights(1, await learner.export_weights_refs())
+    finally:
+        await learner.shutdown()
+    print(f"adapter merged into the base weights on the engines ({time.perf_counter() - t0:.1f} s)", flush=True)
+
+
 async def run(cfg: Any, rows: list[dict[str, Any]], adapter: str | None) -> dict[str, Any]:
     import ray
 
+    from actors.engine_api import weight_push
     from cluster.metrics import metrics_run
     from orchestration.rollout_group import RolloutGroup
     from serve_apps.tool_pool import deploy_pool, undeploy_pool
@@ -182,7 +203,9 @@ async def run(cfg: Any, rows: list[dict[str, Any]], adapter: str | None) -> dict
     rollout = RolloutGroup(cfg, pool)
     try:
         await rollout.start()
-        if adapter:
+        if adapter and weight_push(cfg) == "merged":
+            await push_merged(cfg, rollout)
+        elif adapter:
             await rollout.push_adapter(1, ray.put(read_adapter(adapter)))
         return await _with_progress(rollout, evaluate_rows(rollout, rows, greedy(cfg), detail=True), len(rows))
     finally:
@@ -207,7 +230,9 @@ def main(argv: list[str] | None = None) -> None:
         except FileNotFoundError as e:
             usage_error(str(e))
         cfg.finetune.mode = "lora"
-        cfg.rollout.weight_push = "adapter"  # the folder is loaded as it is: the engines start with LoRA
+        # rollout.weight_push as the config has it (auto: merged for vLLM on CPU, else the folder is loaded as
+        # it is, as a LoRA adapter); the learner that merges it starts from the folder.
+        cfg.finetune.init_adapter = args.adapter
     from tasks.dataset import DataError, load_tasks
     from tasks.inventory import load_inventory
 

@@ -148,7 +148,11 @@ class RolloutGroup(PolicyPushes):
         except BaseException:
             await self.shutdown()
             raise
-        log.info("rollout group: %d engine(s) %s, %d runner(s)", len(self.engines), self.placements, len(self.runners))
+        engines = "; ".join(
+            p["backend"] + (f" on cores {p['cpu_bind']}" if "cpu_bind" in p else "") + f", up in {p['start_s']:.0f} s"
+            for p in self.placements
+        )
+        log.info("rollout group: %d engine(s) (%s), %d runner(s)", len(self.engines), engines, len(self.runners))
 
     def _engine_options(self, i: int) -> dict[str, Any]:
         """Engine i's actor options: its resources, inside its own placement group."""

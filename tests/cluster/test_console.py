@@ -38,3 +38,31 @@ def test_vllm_logging_config_drops_the_notices_only(tmp_path: Path, monkeypatch:
 
     monkeypatch.setenv(VERBOSE_ENV, "1")
     assert vllm_logging_config("INFO", tmp_path / "v") is None  # -v: vLLM's own config
+
+
+def test_the_lines_ray_forwards_lose_the_printed_notices_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """quiet_worker_lines: a batch of worker lines, as Ray's log thread hands it to the driver's printer, reaches
+    the printer without vLLM's Triton and torch's NUMA prints, and with every other line; -v keeps them all."""
+    from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+
+    from cluster.console import quiet_worker_lines
+
+    notices = [
+        "Triton is installed, but doesn't include CPU backend. Disabling Triton.",
+        "[W1127 10:18:06.333252514 utils.cpp:68] Warning: NUMA binding: Using MEMBIND policy for memory allocation",
+    ]
+    others = ["Traceback (most recent call last):", "WARNING 11-27 10:18:08 [torch_utils.py:283] something else"]
+    printed: list[list[str]] = []
+    dispatcher.add_handler("test_printer", lambda batch: printed.append(list(batch["lines"])))
+    try:
+        monkeypatch.delenv(VERBOSE_ENV, raising=False)
+        quiet_worker_lines()
+        quiet_worker_lines()  # idempotent: one filter
+        assert sum(name == "mcprl_printed_notices" for name, _ in dispatcher.handlers) == 1
+        dispatcher.emit({"lines": [notices[0], others[0], notices[1], others[1]], "pid": 1, "is_err": True})
+        assert printed == [others]
+        monkeypatch.setenv(VERBOSE_ENV, "1")  # -v: the filter lets everything through
+        dispatcher.emit({"lines": notices, "pid": 1, "is_err": True})
+        assert printed[-1] == notices
+    finally:
+        dispatcher.remove_handler("test_printer")

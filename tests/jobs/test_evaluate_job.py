@@ -72,14 +72,21 @@ def test_bad_files_exit_2_naming_the_argument(args: list[str], message: str) -> 
     assert message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
-def test_a_run_writes_each_tasks_calls_and_conversation(tmp_path: Path) -> None:
-    """A fresh `python -m jobs.evaluate` on the tiny model: the figures, and per task where it failed (its
-    calls as the env saw them, the conversation after the prompt), in the file --out names."""
-    tasks, out = tmp_path / "tasks.train.jsonl", tmp_path / "eval.json"  # the config splits the rows
+@pytest.fixture(scope="module")
+def tasks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Four rule tasks on ci-tiny's tools, as `python -m jobs.generate_tasks` writes them (its train split)."""
+    folder = tmp_path_factory.mktemp("tasks")
     gen = [sys.executable, "-m", "jobs.generate_tasks", "--config", "configs/ci-tiny.yaml", "--method", "rule"]
-    gen += ["--n", "4", "--seed", "1", "--out", str(tmp_path / "tasks.jsonl")]
+    gen += ["--n", "4", "--seed", "1", "--out", str(folder / "tasks.jsonl")]
     proc = subprocess.run(gen, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    return folder / "tasks.train.jsonl"  # the config splits the rows
+
+
+def test_a_run_writes_each_tasks_calls_and_conversation(tmp_path: Path, tasks: Path) -> None:
+    """A fresh `python -m jobs.evaluate` on the tiny model: the figures, and per task where it failed (its
+    calls as the env saw them, the conversation after the prompt), in the file --out names."""
+    out = tmp_path / "eval.json"
     proc = evaluate(
         "--tasks",
         str(tasks),
@@ -133,3 +140,51 @@ def test_a_run_writes_each_tasks_calls_and_conversation(tmp_path: Path) -> None:
         assert f"  {w['task_id']} [" in proc.stdout
         assert f"    expected: {', '.join(w['expected_calls'])}; answer {w['expected_answer']!r}" in proc.stdout
     assert "worst failures (" in proc.stdout
+
+
+def random_adapter(folder: Path) -> None:
+    """A LoRA adapter for tiny-random (r 4, on ci-tiny's target modules) whose B is not zero, so it changes what
+    the model writes."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from actors.models import load_causal_lm
+    from configs.schema import ModelConfig
+
+    torch.manual_seed(0)
+    model = load_causal_lm(ModelConfig(name="tiny-random", dtype="float32"))
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+    peft = get_peft_model(model, lora)
+    with torch.no_grad():
+        for name, p in peft.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    peft.save_pretrained(str(folder))
+
+
+def test_an_adapter_on_a_cpu_vllm_engine_is_merged_and_plays_as_through_lora(tmp_path: Path, tasks: Path) -> None:
+    """The CPU engine's fast path: with --adapter, a vLLM engine on CPU gets the adapter merged into its weights
+    (rollout.weight_push auto), and plays greedily what the same engine plays through LoRA
+    (rollout.weight_push=adapter): the same turns, task by task."""
+    adapter = tmp_path / "adapter"
+    random_adapter(adapter)
+    runs = {}
+    for push in ("auto", "adapter"):
+        out = tmp_path / f"{push}.json"
+        proc = evaluate(
+            *("--tasks", str(tasks), "--limit", "2", "--adapter", str(adapter), "--out", str(out)),
+            *(
+                "--set",
+                "rollout.backend=vllm",
+                "--set",
+                "rollout.vllm_kv_cache_gb=1",
+                "--set",
+                "rollout.max_model_len=2048",
+            ),
+            *("--set", "rollout.sampling.max_new_tokens=8", "--set", f"rollout.weight_push={push}"),
+            timeout=400,
+        )
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert ("adapter merged into the base weights on the engines" in proc.stdout) == (push == "auto"), proc.stdout
+        runs[push] = {t["task_id"]: t["conversation"] for t in json.loads(out.read_text())["per_task"]}
+    assert len(runs["auto"]) == 2 and runs["auto"] == runs["adapter"]
