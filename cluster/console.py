@@ -53,6 +53,9 @@ _NOTICES: dict[str, tuple[str, ...]] = {
     "vllm.utils.torch_utils": ("OMP_NUM_THREADS=",),
     # DeepSpeed (imported by the training libraries) on a machine without a GPU: CPU is what that machine has.
     "DeepSpeed": ("Setting accelerator to CPU",),
+    # Serve's router, when a replica does not report its queue length within 0.1 s: on a loaded machine it
+    # happens in bursts, and the router then picks a replica without it, as it should.
+    "ray.serve": ("Failed to get queue length from",),
     # Addressed to mcprl's code (actors/vllm_engine.py passes token ids), not to its user.
     "vllm.v1.engine.input_processor": ("Passing raw prompts to InputProcessor is deprecated",),
 }
@@ -172,5 +175,6 @@ def quiet_third_party(verbose_flag: bool | None = None) -> None:
 
 def _add_once(name: str, f: DropBelow) -> None:
     logger = logging.getLogger(name)
-    if not any(isinstance(old, DropBelow) for old in logger.filters):
+    same = (f.level, f.prefixes)
+    if not any(isinstance(old, DropBelow) and (old.level, old.prefixes) == same for old in logger.filters):
         logger.addFilter(f)

@@ -66,3 +66,24 @@ def test_the_lines_ray_forwards_lose_the_printed_notices_only(monkeypatch: pytes
         assert printed[-1] == notices
     finally:
         dispatcher.remove_handler("test_printer")
+
+
+def test_serves_routine_lines_go_and_its_other_warnings_stay(monkeypatch: pytest.MonkeyPatch) -> None:
+    """quiet_third_party on Serve's logger: INFO goes (warnings only), and so does the router's queue-length
+    notice; any other warning passes (both filters apply, neither replaces the other)."""
+    from cluster.console import DropBelow, quiet_third_party
+
+    monkeypatch.delenv(VERBOSE_ENV, raising=False)
+    quiet_third_party()
+    quiet_third_party()  # idempotent
+    serve = logging.getLogger("ray.serve")
+
+    def passes(level: int, msg: str) -> bool:
+        return bool(serve.filter(logging.LogRecord("ray.serve", level, __file__, 1, msg, (), None)))
+
+    assert not passes(logging.INFO, "Deployed app 'mcp-fmp' successfully.")
+    assert not passes(logging.WARNING, "Failed to get queue length from Replica(id='x') within 0.1s. If this")
+    assert passes(logging.WARNING, "Replica(id='x') failed health check")
+    assert passes(logging.ERROR, "Failed to get queue length from Replica(id='x')")  # errors stay
+    drops = [f for f in serve.filters if isinstance(f, DropBelow)]
+    assert len(drops) == len({(f.level, f.prefixes) for f in drops}) == 2
