@@ -21,8 +21,8 @@ out/learning.png (drawn here: per seed, grouped bars of each set's success) and 
 runs themselves: evals.json, metrics.jsonl, report; and seed-<s>.json, each finished seed's result).
 
 A seed takes about an hour on 2 cores, so the suite can be run a seed at a time
-(`--set learning.seeds=[1]`): a seed whose seed-<s>.json was written for the same recipe (the config file's
-text and the overrides, recipe.json) is read back, not rerun; `--set learning.reuse=false`, or another recipe,
+(`--set learning.seeds=[1]`): a seed whose seed-<s>.json was written for the same recipe (the config as it
+loads and the overrides, recipe.json) is read back, not rerun; `--set learning.reuse=false`, or another recipe,
 empties the work folder first.
 """
 
@@ -324,9 +324,10 @@ def chart(seeds: list[dict[str, Any]], path: Path) -> None:
 
 
 def recipe(o: LearningOptions) -> dict[str, Any]:
-    """What a seed's result depends on besides its seed: the config file's text and the runs' overrides."""
-    text = (ROOT / o.config).read_bytes()
-    return {"config": o.config, "config_sha256": hashlib.sha256(text).hexdigest(), "sets": o.sets}
+    """What a seed's result depends on besides its seed: the config as it loads (comments and layout aside)
+    and the runs' overrides."""
+    loaded = json.dumps(load_config(ROOT / o.config).model_dump(mode="json"), sort_keys=True)
+    return {"config": o.config, "config_sha256": hashlib.sha256(loaded.encode()).hexdigest(), "sets": o.sets}
 
 
 def open_work(o: LearningOptions, work: Path) -> None:
