@@ -174,8 +174,8 @@ class LearningOptions(Section):
     sets: dict[str, Any] = Field({}, description="config overrides of every run (`--set` of jobs.train)")
     reuse: bool = Field(
         True,
-        description="keep a seed's finished result (learning-work/seed-<s>.json) when the loaded config and the overrides "
-        "are unchanged, so the seeds can be run one invocation at a time; false reruns every seed",
+        description="keep a seed's finished result (learning-work/seed-<s>.json) when the loaded config and the "
+        "overrides are unchanged, so the seeds can be run one invocation at a time; false reruns every seed",
     )
 
     @model_validator(mode="after")
