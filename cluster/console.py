@@ -75,6 +75,9 @@ def printed_notice(line: str) -> bool:
     return not verbose() and any(notice in line for notice in _PRINTED_NOTICES)
 
 
+_WORKER_FILTER = "mcprl_printed_notices"  # its name among the dispatcher's handlers
+
+
 def quiet_worker_lines() -> None:
     """Drop the printed notices from the lines Ray forwards from its workers to this driver's console (vLLM's
     engine core prints them in a Ray actor); the workers' log files keep them. Ray's dispatcher of those lines
@@ -94,9 +97,6 @@ def quiet_worker_lines() -> None:
     with lock:
         if not any(name == _WORKER_FILTER for name, _ in handlers):
             handlers.insert(0, (_WORKER_FILTER, drop))
-
-
-_WORKER_FILTER = "mcprl_printed_notices"
 
 
 # Python warnings of library against library, as PYTHONWARNINGS entries: vLLM's Triton shim asks torch for an
