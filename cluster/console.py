@@ -100,8 +100,11 @@ def quiet_worker_lines() -> None:
 
 
 # Python warnings of library against library, as PYTHONWARNINGS entries: vLLM's Triton shim asks torch for an
-# attribute torch deprecated, in each process vLLM starts.
-_PYTHON_WARNINGS = "ignore:`torch.distributed.reduce_op` is deprecated:FutureWarning"
+# attribute torch deprecated, in each process vLLM starts; multiprocessing's resource tracker counts the shared
+# memory of a vLLM engine core killed at shutdown, which the system reclaims.
+_PYTHON_WARNINGS = (
+    "ignore:`torch.distributed.reduce_op` is deprecated:FutureWarning,ignore:resource_tracker:UserWarning"
+)
 
 
 class DropBelow(logging.Filter):

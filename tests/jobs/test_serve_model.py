@@ -316,5 +316,5 @@ def test_its_console_is_ours_and_ctrl_c_ends_it_in_one_line(server: tuple[str, P
     assert proc.wait(timeout=60) == 130
     stopped = log.read_text()[len(started) :]
     assert stopped.count("serve_model: stopped the server (SIGINT)") == 1, stopped[-3000:]
-    for noise in ("nanobind", "Traceback", "KeyboardInterrupt"):
+    for noise in ("nanobind", "Traceback", "KeyboardInterrupt", "resource_tracker"):
         assert noise not in stopped, stopped[-3000:]
