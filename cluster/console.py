@@ -56,6 +56,11 @@ _NOTICES: dict[str, tuple[str, ...]] = {
     # Serve's router, when a replica does not report its queue length within 0.1 s: on a loaded machine it
     # happens in bursts, and the router then picks a replica without it, as it should.
     "ray.serve": ("Failed to get queue length from",),
+    # vLLM's steps of a shutdown we asked for, when its engine core or workers outlive the grace vLLM gives
+    # them (SIGTERM, then a kill): routine on a loaded machine.
+    "vllm.v1.utils": ("[shutdown]",),
+    "vllm.utils.system_utils": ("[shutdown]",),
+    "vllm.v1.executor.multiproc_executor": ("[shutdown]",),
     # Addressed to mcprl's code (actors/vllm_engine.py passes token ids), not to its user.
     "vllm.v1.engine.input_processor": ("Passing raw prompts to InputProcessor is deprecated",),
 }

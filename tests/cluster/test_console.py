@@ -33,6 +33,7 @@ def test_vllm_logging_config_drops_the_notices_only(tmp_path: Path, monkeypatch:
     assert not shown("vllm.platforms.cpu", logging.WARNING, "Triton is not installed. triton-cpu is expected")
     assert not shown("vllm.v1.worker.cpu_worker", logging.WARNING, "libiomp is not found in LD_PRELOAD. For best")
     assert shown("vllm.v1.worker.cpu_worker", logging.ERROR, "libiomp is not found in LD_PRELOAD")  # errors stay
+    assert not shown("vllm.v1.utils", logging.WARNING, "[shutdown] Process manager: force killing remaining processes")
     assert shown("vllm.config.vllm", logging.WARNING, "Some other warning")
     assert shown("vllm.engine.core", logging.WARNING, "Enforce eager set")  # another logger's: not a notice
 
