@@ -142,32 +142,15 @@ def test_a_run_writes_each_tasks_calls_and_conversation(tmp_path: Path, tasks: P
     assert "worst failures (" in proc.stdout
 
 
-def random_adapter(folder: Path) -> None:
-    """A LoRA adapter for tiny-random (r 4, on ci-tiny's target modules) whose B is not zero, so it changes what
-    the model writes."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-
-    from actors.models import load_causal_lm
-    from configs.schema import ModelConfig
-
-    torch.manual_seed(0)
-    model = load_causal_lm(ModelConfig(name="tiny-random", dtype="float32"))
-    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
-    peft = get_peft_model(model, lora)
-    with torch.no_grad():
-        for name, p in peft.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.5)
-    peft.save_pretrained(str(folder))
-
-
 def test_an_adapter_on_a_cpu_vllm_engine_is_merged_and_plays_as_through_lora(tmp_path: Path, tasks: Path) -> None:
     """The CPU engine's fast path: with --adapter, a vLLM engine on CPU gets the adapter merged into its weights
     (rollout.weight_push auto), and plays greedily what the same engine plays through LoRA
     (rollout.weight_push=adapter): the same turns, task by task."""
+    from actors.adapter_io import write_adapter
+    from tests.actors.test_engine_conformance import make_adapter
+
     adapter = tmp_path / "adapter"
-    random_adapter(adapter)
+    write_adapter(adapter, make_adapter(0))  # random non-zero B: the adapter changes what the model writes
     runs = {}
     for push in ("auto", "adapter"):
         out = tmp_path / f"{push}.json"
