@@ -302,7 +302,9 @@ async def test_concurrent_runs_do_not_share_a_process_budget():
 @needs_bwrap
 async def test_many_concurrent_runs_all_complete():
     """Runs that start and end interleaved must not disturb each other's pipes and fds."""
-    codes = ["print(1)", "import sys; sys.stdout.write('x' * 100_000)", "raise SystemExit(3)"] * 8
+    # The flood never ends by itself, so only the output limit's kill (-9) can stop it, however loaded the machine.
+    flood = "import sys\nwhile True:\n    sys.stdout.write('x' * 100_000)"
+    codes = ["print(1)", flood, "raise SystemExit(3)"] * 8
     results = await asyncio.gather(*(run_sandboxed(c, cfg(max_output_bytes=4096)) for c in codes))
     assert [r.exit_code for r in results[:3]] == [0, -9, 3]
     assert {r.stdout for r in results[0::3]} == {"1\n"} and all(r.stdout_truncated for r in results[1::3])
