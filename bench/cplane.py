@@ -266,7 +266,7 @@ def tool_pool_sweep(opts: BenchOptions, console: Console) -> dict[str, Any]:
     py.autoscaling = None
     py.replica_resources.num_cpus = TOOL_REPLICA_CPUS
     py.sandbox.max_concurrent = 1  # one CPU-bound program per replica: scale by replicas
-    py.timeout_s = 120
+    py.timeout_s = 150  # above the slot wait (60 s) and the wall time
     py.sandbox.wall_time_s = py.sandbox.cpu_time_s = 60
     per: dict[int, list[float]] = {r: [] for r in replicas}
     pool = None

@@ -126,8 +126,8 @@ def run(opts: BenchOptions, console: Console) -> SuiteResult:
     py.autoscaling = None
     py.replica_resources.num_cpus = 0.5
     py.sandbox.max_concurrent = 1  # one CPU-bound program per replica: scale by replicas
-    py.timeout_s = 60
     py.sandbox.wall_time_s = py.sandbox.cpu_time_s = 30
+    py.timeout_s = 120  # above the slot wait (60 s) and the wall time
     python_calls, code = (4, QUICK_CODE) if opts.quick else (12, CPU_BOUND_CODE)
     throughput: dict[int, list[float]] = {1: [], 2: []}
     with ray_session(cfg.cluster):

@@ -199,13 +199,40 @@ class SandboxConfig(Strict):
     max_concurrent: int = Field(
         1, ge=1, description="Programs one replica runs at once (CPU-bound: match its num_cpus; scale by replicas)."
     )
+    queue_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="Longest a program waits for a free slot; past it the call fails as `unavailable`, an "
+        "infrastructure fault that never costs the model reward (add replicas for the load).",
+    )
     allow_unsandboxed: bool = Field(
         False, description="Run code without bubblewrap when it is missing. Unsafe: for trusted code only."
     )
 
 
 class PythonToolConfig(Deployment):
+    timeout_s: float = Field(
+        90.0,
+        gt=0,
+        description="Per-call timeout, enforced in the replica: above sandbox.queue_timeout_s + sandbox.wall_time_s, "
+        "so that the sandbox, not this clock, stops a slow program, and a call that waited for a slot is not "
+        "blamed on the model.",
+    )
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+
+    @model_validator(mode="after")
+    def _timeout_covers_the_sandbox(self) -> PythonToolConfig:
+        # A "timeout" counts against the model, so the pool's clock must never stop a call the sandbox still
+        # lets run, or one that is only waiting for a free slot (a busy machine is not the model's fault).
+        need = self.sandbox.queue_timeout_s + self.sandbox.wall_time_s
+        timeouts = {"timeout_s": self.timeout_s, "tool_timeouts.run_python": self.tool_timeouts.get("run_python")}
+        for key, value in timeouts.items():
+            if value is not None and value <= need:
+                raise ValueError(
+                    f"{key} ({value:g} s) must exceed sandbox.queue_timeout_s + sandbox.wall_time_s ({need:g} s): "
+                    "the sandbox stops a slow program, and a call waiting for a free slot is the machine's fault"
+                )
+        return self
 
 
 class BuiltinServers(Strict):
@@ -262,10 +289,6 @@ class HttpConfig(Strict):
         return "port" in self.model_fields_set
 
 
-# Offline play's python timeout: its programs are tiny, but a busy machine can take seconds to start a sandbox.
-OFFLINE_PYTHON_TIMEOUT_S = 30.0
-
-
 class ToolsConfig(Strict):
     servers: BuiltinServers = Field(default_factory=BuiltinServers)
     external: list[ExternalServer] = Field(default_factory=list)
@@ -274,8 +297,7 @@ class ToolsConfig(Strict):
     def offline(self) -> ToolsConfig:
         """A copy for play that must not reach out nor leave traces (task generation, the warm start's
         expert play): every built-in server that mirrors a paid API on its offline backend, Slack's
-        workspace fresh in memory (never a shared db file), and the python tool's timeout at least
-        OFFLINE_PYTHON_TIMEOUT_S."""
+        workspace fresh in memory (never a shared db file)."""
         tools = self.model_copy(deep=True)
         for name in type(tools.servers).model_fields:
             server = getattr(tools.servers, name)
@@ -284,7 +306,6 @@ class ToolsConfig(Strict):
                 server.backend = "offline"
             if isinstance(server, SlackConfig):
                 server.db_path = ""
-        tools.servers.python.timeout_s = max(tools.servers.python.timeout_s, OFFLINE_PYTHON_TIMEOUT_S)
         return tools
 
     @model_validator(mode="after")

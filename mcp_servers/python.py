@@ -11,6 +11,7 @@ from pydantic import Field
 
 from configs.schema import PythonToolConfig
 from mcp_servers import new_server
+from mcp_servers.errors import Unavailable
 from mcp_servers.sandbox import run_sandboxed, sandbox_health
 
 
@@ -37,8 +38,20 @@ def build(cfg: PythonToolConfig) -> FastMCP:
         code: Annotated[str, Field(description="The complete program, run as a script (`python main.py`).")],
         stdin: Annotated[str, Field(description="Text given to the program on standard input.")] = "",
     ) -> dict[str, Any]:
-        async with slots:
+        # The program's own clock (the sandbox's wall time) starts once it has a slot; the wait before is
+        # the machine's, so past queue_timeout_s it fails as an infrastructure fault, never the model's.
+        try:
+            await asyncio.wait_for(slots.acquire(), box.queue_timeout_s)
+        except TimeoutError:
+            raise Unavailable(
+                f"no free sandbox for {box.queue_timeout_s:g} s ({box.max_concurrent} per replica, all busy): "
+                "add python replicas for this load",
+                retryable=True,
+            ) from None
+        try:
             return (await run_sandboxed(code, box, stdin=stdin)).to_dict()
+        finally:
+            slots.release()
 
     return mcp
 

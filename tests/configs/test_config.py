@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from configs.loader import CONFIG_DIR, ConfigError, dump_config, load_config, load_dotenv_file, parse_override
-from configs.schema import OFFLINE_PYTHON_TIMEOUT_S
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,15 +34,11 @@ def test_offline_tools_reach_nothing_outside_and_leave_no_traces():
         [
             "tools.servers.polygon.backend=live",
             "tools.servers.slack.db_path=/tmp/shared.db",
-            "tools.servers.python.timeout_s=5",
         ],
     )
     tools = cfg.tools.offline()
     assert all(getattr(tools.servers, n).backend == "offline" for n in ("polygon", "fmp", "tavily", "slack"))
     assert tools.servers.slack.db_path == ""  # a fresh in-memory workspace
-    assert tools.servers.python.timeout_s == OFFLINE_PYTHON_TIMEOUT_S  # raised, never lowered
-    assert cfg.tools.offline().servers.python.timeout_s == OFFLINE_PYTHON_TIMEOUT_S
-    assert load_config(None, ["tools.servers.python.timeout_s=90"]).tools.offline().servers.python.timeout_s == 90
     # the caller's config is untouched
     assert (cfg.tools.servers.polygon.backend, cfg.tools.servers.slack.db_path) == ("live", "/tmp/shared.db")
 
@@ -118,6 +113,17 @@ def test_wrong_type_names_key_and_value(tmp_path):
     with pytest.raises(ConfigError) as e:
         load_config(p)
     assert "tools.http.port" in str(e.value) and "'eighty'" in str(e.value)
+
+
+def test_a_python_timeout_shorter_than_its_sandbox_may_take_is_refused():
+    """The pool's clock counts against the model: it must outlast a slot's wait and the sandbox's own limit."""
+    assert load_config().tools.servers.python.timeout_s == 90  # 60 s queue + 10 s wall time, with room
+    with pytest.raises(ConfigError, match=r"tools\.servers\.python.*timeout_s \(10 s\) must exceed .*\(70 s\)"):
+        load_config(None, ["tools.servers.python.timeout_s=10"])
+    with pytest.raises(ConfigError, match=r"tool_timeouts\.run_python \(20 s\)"):
+        load_config(None, ["tools.servers.python.tool_timeouts={run_python: 20}"])
+    cfg = load_config(None, ["tools.servers.python.timeout_s=20", "tools.servers.python.sandbox.queue_timeout_s=5"])
+    assert cfg.tools.servers.python.timeout_s == 20
 
 
 def test_bad_literal_from_override_names_the_override():

@@ -346,6 +346,26 @@ async def test_server_in_process():
         await server.call_tool("run_python", {"code": "while True:\n    pass\n"})
 
 
+@needs_bwrap
+async def test_a_call_that_waits_too_long_for_a_slot_is_the_machines_fault_not_the_models():
+    """Through the pool's host: the program holding the one slot runs on, and the call queued behind it
+    past queue_timeout_s fails as `unavailable` (an infrastructure fault, never a reward) after its retries."""
+    from serve_apps.tool_host import LocalBackend, ToolHost
+
+    conf = PythonToolConfig(
+        timeout_s=30, max_retries=1, retry_backoff_s=0.01, sandbox=cfg(max_concurrent=1, queue_timeout_s=0.5)
+    )
+    pool = ToolHost("python", LocalBackend(build_server("python", conf)), conf)
+    slow, quick = await asyncio.gather(
+        pool.call_tool("run_python", {"code": "import time\ntime.sleep(2)\nprint('slept')"}),
+        pool.call_tool("run_python", {"code": "print(1)"}),
+    )
+    assert slow.ok and slow.structured["stdout"] == "slept\n"
+    assert not quick.ok and quick.error_kind == "unavailable" and quick.infra_fault and quick.attempts == 2
+    assert "no free sandbox for 0.5 s" in quick.error
+    assert (await pool.call_tool("run_python", {"code": "print(1)"})).ok  # the slot is free again
+
+
 async def test_health_probe_reports_a_missing_sandbox(monkeypatch):
     from mcp_servers import health_probe
 

@@ -62,7 +62,7 @@ def pool_config(port: int, builtins: bool = True, extra: list[str] = (), url_ser
         external(*servers),
         "tools.servers.python.sandbox.cpu_time_s=1",
         # the CPU limit must fire before any wall-clock one, even when a loaded machine gives the program little CPU
-        "tools.servers.python.timeout_s=120",
+        "tools.servers.python.timeout_s=200",
         "tools.servers.python.sandbox.wall_time_s=120",
     ]
     if not builtins:
