@@ -12,6 +12,8 @@ from cluster.ray_env import RayAddressError, configure_ray_env
 from configs.loader import ConfigError, load_config, load_dotenv_file
 from configs.schema import Config
 
+INTERRUPTED_EXIT = 130  # Ctrl-C: the shell's own convention (128 + SIGINT)
+
 
 def base_parser(description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description)

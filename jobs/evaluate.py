@@ -28,7 +28,7 @@ from typing import Any
 from actors.adapter_io import read_adapter
 from cluster import storage
 from configs.schema import Config, SamplingConfig
-from jobs.cli import base_parser, counted, setup, usage_error
+from jobs.cli import INTERRUPTED_EXIT, base_parser, counted, setup, usage_error
 from jobs.report import template_table
 from jobs.stats import group_success
 
@@ -170,6 +170,7 @@ async def _with_progress(rollout: Any, playing: Any, total: int) -> Any:
         bar.update(total - bar.n)
         return task.result()
     finally:
+        task.cancel()  # interrupted (Ctrl-C): the play ends with us, its failure unreported
         bar.close()
 
 
@@ -246,7 +247,11 @@ def main(argv: list[str] | None = None) -> None:
     from cluster.ray_env import ray_session
 
     with ray_session(cfg.cluster):
-        result = asyncio.run(run(cfg, rows, args.adapter))
+        try:
+            result = asyncio.run(run(cfg, rows, args.adapter))
+        except KeyboardInterrupt:
+            print("interrupted: nothing was written", file=sys.stderr)
+            sys.exit(INTERRUPTED_EXIT)
     print(
         f"{counted(len(rows), 'task')}, {'adapter ' + args.adapter if args.adapter else 'base model ' + cfg.model.name}"
     )

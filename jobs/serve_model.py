@@ -263,6 +263,8 @@ def run_server(cmd: list[str], env: dict[str, str], url: str, quiet: bool = True
 
     import httpx
 
+    from jobs.cli import INTERRUPTED_EXIT
+
     stderr = subprocess.PIPE if quiet else None
     proc = subprocess.Popen(cmd, env=env, stderr=stderr, text=True, start_new_session=True, preexec_fn=_die_with_parent)
     relay = threading.Thread(target=_relay, args=(proc.stderr,), daemon=True) if proc.stderr else None
@@ -297,7 +299,7 @@ def run_server(cmd: list[str], env: dict[str, str], url: str, quiet: bool = True
     if stops:
         name = signal.Signals(stops[0]).name
         print(f"serve_model: stopped the server ({name})", file=sys.stderr, flush=True)
-        return 130 if stops[0] == signal.SIGINT else 0
+        return INTERRUPTED_EXIT if stops[0] == signal.SIGINT else 0
     return rc
 
 

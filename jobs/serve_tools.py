@@ -14,7 +14,7 @@ from rich.console import Console
 
 from cluster.metrics import metrics_run
 from cluster.ray_env import ray_session
-from jobs.cli import base_parser, setup, usage_error
+from jobs.cli import INTERRUPTED_EXIT, base_parser, setup, usage_error
 from serve_apps.tool_pool import ServeToolPool, deploy_pool, server_specs, undeploy_apps, undeploy_pool
 
 
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> None:
         except KeyboardInterrupt:  # Ctrl-C while Serve is still bringing replicas up
             console.print("interrupted while deploying")
             undeploy_apps(s.name for s in server_specs(cfg.tools))
-            sys.exit(130)
+            sys.exit(INTERRUPTED_EXIT)
         try:
             print_pool(console, pool, asyncio.run(pool.list_tools()))
             if cfg.tools.http.bearer_token_env:

@@ -48,7 +48,7 @@ from typing import Any
 from cluster import storage
 from configs.schema import Config
 from jobs.checkpoints import latest_checkpoint
-from jobs.cli import base_parser, setup, usage_error
+from jobs.cli import INTERRUPTED_EXIT, base_parser, setup, usage_error
 from jobs.held_out import milestone_lines
 from jobs.train_driver import RESUME_HINT, Driver, RunStopped, resume_command
 
@@ -131,6 +131,9 @@ def main(argv: list[str] | None = None) -> None:
         except asyncio.CancelledError:
             print(f"stopped by SIGTERM. {RESUME_HINT}{resume_cmd}", file=sys.stderr, flush=True)
             sys.exit(143)
+        except KeyboardInterrupt:
+            print(f"interrupted. {RESUME_HINT}{resume_cmd}", file=sys.stderr, flush=True)
+            sys.exit(INTERRUPTED_EXIT)
     if "health_stop" in result:
         print(
             f"error: the run was stopped by health.stop_on: {result['health_stop']}. Its checkpoint: "

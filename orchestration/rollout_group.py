@@ -259,6 +259,8 @@ class RolloutGroup(PolicyPushes):
             try:
                 return await handle.run.remote(tasks, group_size, sampling)
             except RayActorError as e:
+                if not self.runners:  # shut down while it played (Ctrl-C): nothing to replace
+                    raise RolloutGroupError("the rollout group was shut down while it played") from e
                 if self.runner_restarts >= self.cfg.rollout.max_runner_restarts:
                     raise
                 if self.runners[k] is handle:  # not replaced yet by a concurrent share of the same runner

@@ -171,3 +171,28 @@ def test_an_adapter_on_a_cpu_vllm_engine_is_merged_and_plays_as_through_lora(tmp
         assert ("adapter merged into the base weights on the engines" in proc.stdout) == (push == "auto"), proc.stdout
         runs[push] = {t["task_id"]: t["conversation"] for t in json.loads(out.read_text())["per_task"]}
     assert len(runs["auto"]) == 2 and runs["auto"] == runs["adapter"]
+
+
+def test_ctrl_c_while_it_plays_ends_it_in_one_line(tmp_path: Path, tasks: Path) -> None:
+    """SIGINT (a terminal's Ctrl-C) once the engines play: exit 130, one line, no traceback, nothing written."""
+    import signal
+    import time
+
+    out = tmp_path / "eval.json"
+    cmd = [sys.executable, "-m", "jobs.evaluate", "--config", "configs/ci-tiny.yaml", "--tasks", str(tasks)]
+    cmd += ["--out", str(out), "--set", "rollout.sampling.max_new_tokens=1024"]  # long enough to be interrupted
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 240
+    while not any("rollout group:" in line for line in lines) and proc.poll() is None:
+        assert time.monotonic() < deadline, "".join(lines)
+        time.sleep(0.1)
+    time.sleep(1.0)  # the episodes are under way
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=120) == 130, "".join(lines)
+    reader.join(timeout=10)
+    after = "".join(lines).split("rollout group:", 1)[1]
+    assert after.splitlines()[1:] == ["interrupted: nothing was written"], after
+    assert not out.exists()
