@@ -631,6 +631,14 @@ class AlgorithmConfig(Strict):
         "wrong (DAPO's dynamic sampling, on the binary outcome, never the shaped total); the share kept is logged as "
         "rollout/groups_kept. A step with no such group trains nothing. none: every group trains.",
     )
+    refill_rounds: int = Field(
+        0,
+        ge=0,
+        description="filter_groups outcome: while fewer than train.tasks_per_step groups of a step hold both outcomes, "
+        "play up to this many more rounds of train.tasks_per_step new tasks (drawn as the step's were) and train on "
+        "every such group found (DAPO's dynamic sampling, bounded); the rounds played are logged as "
+        "rollout/refill_rounds. 0: no refill.",
+    )
     dr_grpo_norm_tokens: int | None = Field(
         None,
         ge=1,
@@ -657,6 +665,15 @@ class AlgorithmConfig(Strict):
     whiten_advantages: bool = Field(
         True, description="ppo: GAE advantages shifted and scaled to mean 0, std 1 over the batch's generated tokens."
     )
+
+    @model_validator(mode="after")
+    def _refill_needs_the_filter(self) -> AlgorithmConfig:
+        if self.refill_rounds and (self.filter_groups != "outcome" or self.name == "ppo"):
+            raise ValueError(
+                "refill_rounds plays more tasks to find groups with both outcomes: it needs filter_groups: outcome "
+                f"and a group algorithm (name is {self.name!r}, filter_groups {self.filter_groups!r})"
+            )
+        return self
 
 
 class OptimConfig(Strict):

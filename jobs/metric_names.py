@@ -31,6 +31,8 @@ _ROLLOUT = {
     "rollout/prefix_cache_hit_rate": "vLLM: share of prompt tokens found in the prefix cache during the step.",
     "rollout/dropped_infra": "Episodes dropped before training for infrastructure faults.",
     "rollout/groups_kept": "filter_groups outcome: share of groups with both outcomes, kept for the learner.",
+    "rollout/refill_rounds": "algorithm.refill_rounds: rounds of new tasks played this step to find groups with both "
+    "outcomes.",
 }
 
 _GROUPS = {

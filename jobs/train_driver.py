@@ -220,15 +220,19 @@ class Driver:
             step = self.step
             t0 = time.perf_counter()
             with self.tracker.phase("rollout"):
+                tasks = sampler.batch(step)
                 if pending is not None:
                     trajs = await pending
                 else:
-                    trajs = await self._rollout(sampler.batch(step), step)
+                    trajs = await self._rollout(tasks, step)
                 pending = None
+                trajs, tasks, refills = await self._refill(trajs, tasks, step)
                 if cfg.rollout.overlap and step + 1 < cfg.train.steps:
                     pending = asyncio.ensure_future(self._rollout(sampler.batch(step + 1), step + 1))
             try:
-                metrics = await self._train_on(trajs, sampler.batch(step))
+                metrics = await self._train_on(trajs, tasks)
+                if cfg.algorithm.refill_rounds:
+                    metrics["rollout/refill_rounds"] = float(refills)
             except LearnerDied as e:
                 await self._rebuild_learner(e, pending)
                 pending = None
@@ -342,9 +346,34 @@ class Driver:
             ) from e
         print(f"learner group rebuilt from {ckpt}: running again from step {self.step + 1}", flush=True)
 
-    async def _rollout(self, tasks: list[dict[str, Any]], step: int) -> list[Any]:
-        sampling = self.cfg.rollout.sampling.model_copy(update={"seed": step_seed(self.cfg, step)})
+    async def _rollout(self, tasks: list[dict[str, Any]], step: int, salt: int = 0) -> list[Any]:
+        sampling = self.cfg.rollout.sampling.model_copy(update={"seed": step_seed(self.cfg, step, salt)})
         return await self.rollout.run(tasks, self.cfg.train.group_size, sampling=sampling)
+
+    async def _refill(
+        self, trajs: list[Any], tasks: list[dict[str, Any]], step: int
+    ) -> tuple[list[Any], list[dict[str, Any]], int]:
+        """`algorithm.refill_rounds`: while fewer than train.tasks_per_step groups hold both outcomes, play a round
+        of new tasks (the sampler's `more`) and add its groups, numbered after the ones before. Returns the step's
+        episodes, its tasks (indexed by group id) and the rounds played."""
+        from grpo.groups import outcome_groups
+        from tasks.dataset import task_id
+
+        played = 0
+        while played < self.cfg.algorithm.refill_rounds:
+            scored = [t for t in trajs if not t.infra_fault]
+            _, stats = outcome_groups([succeeded(t) for t in scored], [t.group_id for t in scored])
+            if stats["groups_kept"] >= self.cfg.train.tasks_per_step:
+                break
+            more = self.sampler.more(step, played + 1, {task_id(row) for row in tasks})
+            if not more:  # every task is in the step already
+                break
+            played += 1
+            extra = await self._rollout(more, step, salt=played)
+            for t in extra:
+                t.group_id += len(tasks)
+            trajs, tasks = trajs + extra, tasks + more
+        return trajs, tasks, played
 
     async def _train_on(self, trajs: list[Any], tasks: list[dict[str, Any]]) -> dict[str, float]:
         from actors.rollout_metrics import prefix_cache_counts, prefix_cache_hit_rate, rollout_metrics

@@ -19,7 +19,7 @@ from collections import defaultdict, deque
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from tasks.dataset import DataError, TaskSampler
+from tasks.dataset import DataError, TaskSampler, task_id
 
 if TYPE_CHECKING:
     from configs.schema import TrainConfig
@@ -27,10 +27,6 @@ if TYPE_CHECKING:
 LAG = 2  # batch(step) sees outcomes of steps <= step - LAG
 NO_TEMPLATE = "(none)"  # as jobs.stats names rows without a template
 STATE_VERSION = 1
-
-
-def task_id(row: Mapping[str, Any]) -> str:
-    return str(row["reward_spec"]["ground_truth"]["task_id"])
 
 
 def template_of(row: Mapping[str, Any]) -> str:
@@ -153,6 +149,16 @@ class CurriculumSampler:
             keys = [math.log(1.0 - rng.random()) / w for w in weights]  # 1 - random() is in (0, 1]
             out += [self.rows[i] for i in heapq.nlargest(k, range(n), key=keys.__getitem__)]
         return out
+
+    def more(self, step: int, round_: int, exclude: set[str]) -> list[dict[str, Any]]:
+        """Up to `batch_size` more tasks for `step` (refill round `round_` >= 1), none of them in `exclude`,
+        drawn by the same pass-rate weights as `batch(step)`; deterministic as it is."""
+        rates = self.pass_rates(step)
+        candidates = [i for i, tid in enumerate(self._ids) if tid not in exclude]
+        rng = random.Random(f"{self.seed}|curriculum|{step}|more{round_}")
+        keys = {i: math.log(1.0 - rng.random()) / (rates[self._ids[i]] * (1 - rates[self._ids[i]]) + self.min_weight)
+                for i in candidates}  # fmt: skip
+        return [self.rows[i] for i in heapq.nlargest(min(self.batch_size, len(candidates)), candidates, key=keys.get)]
 
 
 def make_sampler(rows: list[dict[str, Any]], cfg_train: TrainConfig) -> TaskSampler | CurriculumSampler:

@@ -60,6 +60,11 @@ def load_tasks(
     return rows
 
 
+def task_id(row: Mapping[str, Any]) -> str:
+    """A loaded row's task id (`reward_spec.ground_truth.task_id`)."""
+    return str(row["reward_spec"]["ground_truth"]["task_id"])
+
+
 @dataclass
 class TaskSampler:
     """B tasks per step from an endless, epoch-wise shuffled stream of `rows`."""
@@ -89,6 +94,13 @@ class TaskSampler:
             epoch, index = divmod(position, n)
             out.append(self.rows[self._order(epoch)[index]])
         return out
+
+    def more(self, step: int, round_: int, exclude: set[str]) -> list[dict[str, Any]]:
+        """Up to `batch_size` more tasks for `step` (refill round `round_` >= 1), none of them in `exclude`,
+        drawn uniformly; the same for the same (rows, seed, step, round_, exclude)."""
+        candidates = [r for r in self.rows if task_id(r) not in exclude]
+        random.Random(f"{self.seed}|step{step}|more{round_}").shuffle(candidates)
+        return candidates[: self.batch_size]
 
     # The driver calls these on any sampler; the plain stream depends on (seed, step) alone.
     def record(self, step: int, outcomes: Mapping[str, Sequence[bool]]) -> None:

@@ -267,13 +267,15 @@ def test_overlap_generates_the_next_step_while_this_one_trains(tmp_path: Path, u
 
 def test_outcome_filter_curriculum_and_a_transfer_set(tmp_path: Path, unbroken: Path) -> None:
     """algorithm.filter_groups=outcome, train.curriculum and data.transfer, as a user sets them. The random
-    model never answers right, so every group is all-wrong: each step logs 0 groups kept and trains nothing
-    (no learner update, no push), the per-template pass rates are logged, the curriculum's outcomes ride in
+    model never answers right, so every group is all-wrong: each step plays its one refill round
+    (algorithm.refill_rounds) of 2 more tasks, logs 0 of 4 groups kept and trains nothing (no learner update,
+    no push), the per-template pass rates are logged, the curriculum's outcomes (both rounds) ride in
     the checkpoint, and both held-out sets are evaluated at each milestone (the transfer set here: the
     validation file again), with train.eval_base=false leaving the base stage out."""
     data = unbroken.parent.parent / "data"
     overrides = (
         "algorithm.filter_groups=outcome",
+        "algorithm.refill_rounds=1",
         "train.curriculum.enabled=true",
         f"data.transfer={data / 'tasks.validation.jsonl'}",
         "train.eval_base=false",
@@ -284,14 +286,15 @@ def test_outcome_filter_curriculum_and_a_transfer_set(tmp_path: Path, unbroken: 
     rows = history(run_dir)
     for step in (1, 2):
         merged = {k: v for r in rows if r["step"] == step for k, v in r.items()}
-        assert merged["rollout/groups_kept"] == 0.0 and merged["groups/groups_all_wrong"] == 2.0
+        assert merged["rollout/groups_kept"] == 0.0 and merged["groups/groups_all_wrong"] == 4.0
+        assert merged["rollout/refill_rounds"] == 1.0
         assert merged["rollout/success_rate"] == 0.0
         assert any(k.startswith("pass_rate/") for k in merged)
         assert not any(k.startswith("train/") for k in merged), "a step with no kept group trained"
     assert "eval/validation/success_rate" in {k for r in rows if r["step"] == 1 for k in r}  # eval_every 1
     meta = json.loads((run_dir / "checkpoints" / "step_2" / "meta.json").read_text())
     recorded = meta["extra"]["sampler"]["outcomes"]
-    assert sorted(recorded) == ["0", "1"] and all(len(v) == 2 for v in recorded.values())  # 2 tasks a step
+    assert sorted(recorded) == ["0", "1"] and all(len(v) == 4 for v in recorded.values())  # 2 + 2 tasks a step
     evals = json.loads((run_dir / "evals.json").read_text())
     assert list(evals) == ["validation", "transfer"]
     assert list(evals["validation"]) == ["after warm start", "step 1", "after GRPO"]

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from configs.loader import ConfigError, load_config
-from tasks.curriculum import CurriculumSampler, make_sampler, task_id, template_pass_rates
-from tasks.dataset import TaskSampler
+from tasks.curriculum import CurriculumSampler, make_sampler, template_pass_rates
+from tasks.dataset import TaskSampler, task_id
 
 
 def row(tid: str, template: str | None = None) -> dict[str, Any]:
@@ -147,3 +147,27 @@ def test_make_sampler_and_config() -> None:
         load_config(None, ["train.curriculum.min_weight=0"])
     with pytest.raises(ConfigError, match="unknown key"):
         load_config(None, ["train.curriculum.windw=3"])
+
+
+@pytest.mark.parametrize("curriculum", [True, False])
+def test_more_draws_new_tasks_deterministically(curriculum: bool) -> None:
+    """A refill round's tasks: none already in the step, at most a batch, the same for the same call."""
+    pool = rows(10)
+    sampler = CurriculumSampler(pool, 4, seed=3) if curriculum else TaskSampler(pool, 4, seed=3)
+    first = {task_id(r) for r in sampler.batch(0)}
+    more = sampler.more(0, 1, first)
+    assert len(more) == 4 and not first & {task_id(r) for r in more}
+    assert [task_id(r) for r in sampler.more(0, 1, first)] == [task_id(r) for r in more]
+    assert [task_id(r) for r in sampler.more(0, 2, first)] != [task_id(r) for r in more]  # another round, another draw
+    taken = first | {task_id(r) for r in more}
+    assert len(sampler.more(0, 2, taken)) == 2 and sampler.more(0, 3, {f"t{i}" for i in range(10)}) == []
+
+
+def test_more_favours_tasks_near_half_as_batch_does() -> None:
+    sampler = CurriculumSampler(rows(40), 4, seed=0)
+    sampler.record(0, {f"t{i}": [True] * 8 if i < 30 else [True, False] * 4 for i in range(40)})  # t30-t39 in band
+    drawn: Counter[str] = Counter()
+    for r in range(1, 200):
+        drawn.update(task_id(x) for x in sampler.more(2, r, set()))
+    in_band, solved = (sum(drawn[f"t{i}"] for i in span) / len(span) for span in (range(30, 40), range(30)))
+    assert in_band > 1.8 * solved  # weights 0.27 and 0.11 (p = 0.5 and 0.9)
