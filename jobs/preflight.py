@@ -443,6 +443,8 @@ def plan_lines(cfg: Config) -> list[str]:
             advantage += ", outcome first"
         if alg.filter_groups == "outcome":
             advantage += ", groups without both outcomes left out"
+            if alg.refill_rounds:
+                advantage += f" (up to {alg.refill_rounds} more round(s) of {t.tasks_per_step} tasks to find them)"
         if t.curriculum.enabled:
             advantage += "; tasks drawn by pass rate (curriculum)"
     lines = [

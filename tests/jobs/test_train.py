@@ -300,4 +300,5 @@ def test_outcome_filter_curriculum_and_a_transfer_set(tmp_path: Path, unbroken: 
     assert list(evals["validation"]) == ["after warm start", "step 1", "after GRPO"]
     assert list(evals["transfer"]) == ["after warm start", "after GRPO"]  # periodic evaluations: validation only
     assert evals["validation"]["step 1"]["periodic"] and evals["transfer"]["after GRPO"]["step"] == 2
+    assert "groups without both outcomes left out (up to 1 more round(s) of 2 tasks to find them)" in proc.stdout
     assert "answer right on held-out transfer tasks" in proc.stdout and "== transfer:" in proc.stdout
