@@ -178,9 +178,19 @@ def test_ctrl_c_while_it_plays_ends_it_in_one_line(tmp_path: Path, tasks: Path) 
     import signal
     import time
 
+    # Long enough to be interrupted on any machine: the fixture's tasks 20 times over (under new ids), one episode at a
+    # time, each turn up to 1,024 tokens (3 tasks done in under a second once, before the signal came).
+    many = tmp_path / "many.jsonl"
+    with many.open("w") as f:
+        for k in range(20):
+            for line in tasks.read_text().splitlines():
+                row = json.loads(line)
+                row["reward_spec"]["ground_truth"]["task_id"] += f"-{k}"
+                f.write(json.dumps(row) + "\n")
     out = tmp_path / "eval.json"
-    cmd = [sys.executable, "-m", "jobs.evaluate", "--config", "configs/ci-tiny.yaml", "--tasks", str(tasks)]
-    cmd += ["--out", str(out), "--set", "rollout.sampling.max_new_tokens=1024"]  # long enough to be interrupted
+    cmd = [sys.executable, "-m", "jobs.evaluate", "--config", "configs/ci-tiny.yaml", "--tasks", str(many)]
+    cmd += ["--out", str(out), "--set", "rollout.sampling.max_new_tokens=1024"]
+    cmd += ["--set", "rollout.max_concurrent_episodes=1", "--set", "rollout.hf_max_batch_size=1"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
