@@ -138,27 +138,32 @@ class CurriculumSampler:
 
     def batch(self, step: int) -> list[dict[str, Any]]:
         """The tasks of `step` (0-based): a pure function of (rows, seed, step, outcomes of steps <= step − 2)."""
-        rates = self.pass_rates(step)
-        weights = [rates[tid] * (1 - rates[tid]) + self.min_weight for tid in self._ids]
+        weights = self._weights(step)
         rng = random.Random(f"{self.seed}|curriculum|{step}")
         n = len(self.rows)
         out: list[dict[str, Any]] = []
         while len(out) < self.batch_size:  # rounds of distinct tasks: all rows, then the rest drawn again
-            k = min(n, self.batch_size - len(out))
-            # Efraimidis–Spirakis: the k largest keys log(u)/w are a weighted sample without replacement.
-            keys = [math.log(1.0 - rng.random()) / w for w in weights]  # 1 - random() is in (0, 1]
-            out += [self.rows[i] for i in heapq.nlargest(k, range(n), key=keys.__getitem__)]
+            out += [self.rows[i] for i in _draw(weights, range(n), min(n, self.batch_size - len(out)), rng)]
         return out
 
     def more(self, step: int, round_: int, exclude: set[str]) -> list[dict[str, Any]]:
         """Up to `batch_size` more tasks for `step` (refill round `round_` >= 1), none of them in `exclude`,
         drawn by the same pass-rate weights as `batch(step)`; deterministic as it is."""
-        rates = self.pass_rates(step)
         candidates = [i for i, tid in enumerate(self._ids) if tid not in exclude]
         rng = random.Random(f"{self.seed}|curriculum|{step}|more{round_}")
-        keys = {i: math.log(1.0 - rng.random()) / (rates[self._ids[i]] * (1 - rates[self._ids[i]]) + self.min_weight)
-                for i in candidates}  # fmt: skip
-        return [self.rows[i] for i in heapq.nlargest(min(self.batch_size, len(candidates)), candidates, key=keys.get)]
+        return [self.rows[i] for i in _draw(self._weights(step), candidates, self.batch_size, rng)]
+
+    def _weights(self, step: int) -> list[float]:
+        """Each row's draw weight at `step`: p·(1−p) + min_weight, p its smoothed pass rate."""
+        rates = self.pass_rates(step)
+        return [rates[tid] * (1 - rates[tid]) + self.min_weight for tid in self._ids]
+
+
+def _draw(weights: Sequence[float], candidates: Iterable[int], k: int, rng: random.Random) -> list[int]:
+    """k of `candidates` (indices into `weights`), a weighted sample without replacement (Efraimidis–Spirakis:
+    the k largest keys log(u)/w), largest key first; one random number per candidate, in their order."""
+    keys = {i: math.log(1.0 - rng.random()) / weights[i] for i in candidates}  # 1 - random() is in (0, 1]
+    return heapq.nlargest(k, keys, key=keys.__getitem__)
 
 
 def make_sampler(rows: list[dict[str, Any]], cfg_train: TrainConfig) -> TaskSampler | CurriculumSampler:
