@@ -39,14 +39,14 @@ The templates (id: complexity, calls):
     bar_field         simple  polygon.previous_close (open/high/low/volume)
     company_facts     simple  polygon.ticker_details
     profile_field     simple  fmp.company_profile
-    fiscal_metric     simple  fmp.income_statement
     fiscal_ratio      simple  fmp.key_ratios
     news_revenue      simple  tavily.search
     channel_info      simple  slack.list_channels
     research_note     simple  slack.read_history
     python_calc       simple  python.run_python
     range_return      medium  polygon.daily_aggregates → python.run_python
-    pe_now            medium  polygon.previous_close → fmp.key_ratios
+    fiscal_metric     medium  fmp.income_statement → python.run_python (USD → billions)
+    pe_now            medium  polygon.previous_close → fmp.key_ratios → python.run_python
     cap_compare       medium  fmp.company_profile ×2
     quote_page        medium  tavily.search → tavily.extract
     post_close        medium  polygon.previous_close → slack.post_message
@@ -269,11 +269,6 @@ LEADS = ("", "", "", "Quick question: ", "Hi! ", "For a report I'm writing: ", "
 CLOSERS = ("", "", "", " Thanks!", " Keep the answer short.", " Please be precise.", " I need this for a meeting.")
 
 
-def money_b(x: float) -> float:
-    """USD → billions, two decimals (how a person would quote it)."""
-    return round(x / 1e9, 2)
-
-
 def weekday_on_or_before(d: date) -> date:
     while d.weekday() >= 5:
         d -= timedelta(days=1)
@@ -401,11 +396,10 @@ async def profile_field(c: Ctx) -> Draft:
 
 
 STATEMENT_METRICS = (
-    ("revenue", "revenue", True),
-    ("netIncome", "net income", True),
-    ("operatingIncome", "operating income", True),
-    ("grossProfit", "gross profit", True),
-    ("eps", "EPS", False),
+    ("revenue", "revenue"),
+    ("netIncome", "net income"),
+    ("operatingIncome", "operating income"),
+    ("grossProfit", "gross profit"),
 )
 
 
@@ -422,29 +416,29 @@ async def annual_rows(c: Ctx, tool: str, t: str, years: int) -> list[dict[str, A
     return rows
 
 
-@template("fiscal_metric", "simple", "fmp.income_statement")
+# The expert converts with the python tool: a small model that divides a 12-digit number by 1e9 in its head
+# gets it wrong nearly always (0-2 right samples of 6 after warm start), so its groups carry no signal; the
+# same model copies the digits into a program reliably, which GRPO can then sharpen.
+@template("fiscal_metric", "medium", "fmp.income_statement", "python.run_python")
 async def fiscal_metric(c: Ctx) -> Draft:
     t = c.ticker()
-    key, label, is_money = c.pick(STATEMENT_METRICS)
+    key, label = c.pick(STATEMENT_METRICS)
     row = (await annual_rows(c, "income_statement", t, c.rng.randrange(FISCAL_YEARS) + 1))[-1]
     year = row["fiscalYear"]
-    unit = " (in billions of USD)" if is_money else ""
+    value = await c.python_number(f"usd = {row[key]}\nprint(round(usd / 1e9, 2))\n")
     q = c.say(
         (
-            "What was {t}'s {label}{unit} in fiscal year {year}?",
-            "From {t}'s annual income statement, give me {label} for FY{year}{unit}.",
-            "How much {label} did {t} report for fiscal {year}?{unit2}",
-            "I need {t}'s fiscal {year} {label}{unit}.",
+            "What was {t}'s {label} (in billions of USD) in fiscal year {year}?",
+            "From {t}'s annual income statement, give me {label} for FY{year} in billions of USD.",
+            "How much {label} did {t} report for fiscal {year}? Answer in billions of USD.",
+            "I need {t}'s fiscal {year} {label}, in billions of USD.",
         ),
         t=t,
         label=label,
         year=year,
-        unit=unit,
-        unit2=" Answer in billions of USD." if is_money else "",
     )
-    value = money_b(row[key]) if is_money else row[key]
-    desc = f"{t} FY{year} {label}" + (" in billions of USD" if is_money else " in USD")
-    return Draft(q, Answer(value, 0.01, desc), {"ticker": t, "field": key, "year": year})
+    return Draft(q, Answer(value, 0.01, f"{t} FY{year} {label} in billions of USD"),
+                 {"ticker": t, "field": key, "year": year})  # fmt: skip
 
 
 RATIO_METRICS = (
@@ -646,7 +640,8 @@ async def range_return(c: Ctx) -> Draft:
                  {"ticker": t, "from": start.isoformat(), "to": end.isoformat()})  # fmt: skip
 
 
-@template("pe_now", "medium", "polygon.previous_close", "fmp.key_ratios")
+# Divided with the python tool, as fiscal_metric converts: in the head the model never got it right.
+@template("pe_now", "medium", "polygon.previous_close", "fmp.key_ratios", "python.run_python")
 async def pe_now(c: Ctx) -> Draft:
     t = c.ticker()
     bar = (await c.call("polygon", "previous_close", ticker=t))["results"][0]
@@ -664,7 +659,7 @@ async def pe_now(c: Ctx) -> Draft:
         ),
         t=t,
     )
-    value = round(bar["c"] / eps, 2)
+    value = await c.python_number(f"close, eps = {bar['c']}, {eps}\nprint(round(close / eps, 2))\n")
     return Draft(q, Answer(value, 0.05, f"{t} close {bar['date']} / FY{ratio['fiscalYear']} net income per share"),
                  {"ticker": t})  # fmt: skip
 
@@ -759,7 +754,7 @@ async def post_close(c: Ctx) -> Draft:
 @template("yoy_growth", "medium", "fmp.income_statement", "python.run_python")
 async def yoy_growth(c: Ctx) -> Draft:
     t = c.ticker()
-    key, label, _ = c.pick(STATEMENT_METRICS[:4])
+    key, label = c.pick(STATEMENT_METRICS)
     cur, prev = (await annual_rows(c, "income_statement", t, c.rng.randrange(FISCAL_YEARS - 1) + 2))[-2:]
     if prev[key] <= 0:
         raise Skip(f"{t} {key} not positive in {prev['fiscalYear']}")
