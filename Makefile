@@ -45,7 +45,7 @@ $(INSPECTOR):
 	  @modelcontextprotocol/inspector@$(INSPECTOR_VERSION) \
 	  || echo "could not install the MCP Inspector: its test will be skipped"
 
-# The main job: SmolLM2-135M learns MCP tool use (warm start → GRPO, two held-out sets), ~24 min on 2 cores.
+# The main job: SmolLM2-135M learns MCP tool use (warm start → GRPO, two held-out sets), ~35 min on 2 cores.
 demo: install sandbox
 	$(PY) -m jobs.train --config configs/demo-cpu.yaml --run --fresh
 
