@@ -120,6 +120,14 @@ def test_final_answers_match_the_market_simulation(rows: list[dict[str, Any]]) -
         key = {"netIncome": "net_income", "operatingIncome": "operating_income", "grossProfit": "gross_profit"}
         value = getattr(period, key.get(info["field"], "revenue")) / 1e9
         assert gt(row)["final_answer"]["value"] == pytest.approx(value, abs=0.006)
+    for row in by_template(rows, "pe_now"):
+        t = row["extra_info"]["ticker"]
+        eps = ratios_json(md.statements(t, "annual", 1)[0])["netIncomePerShare"]
+        assert gt(row)["final_answer"]["value"] == pytest.approx(md.last_bar(t).c / eps, abs=0.006)
+    # The arithmetic of both is the expert's last call, a program the model can learn to write.
+    for row in by_template(rows, "fiscal_metric") + by_template(rows, "pe_now"):
+        last = gt(row)["tool_sequence"][-1]
+        assert (last["server"], last["tool"]) == ("python", "run_python"), row["extra_info"]
 
 
 NUMBER = re.compile(r"-?\d+\.\d+|\d{4,}")
