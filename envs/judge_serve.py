@@ -158,6 +158,7 @@ def deploy_judge(cfg: RewardConfig, *, http: HttpConfig | None = None, app_name:
         # Room for every batch in flight: Serve warns when a batch could never fill.
         max_ongoing_requests=max(64, jc.max_batch_size * MAX_CONCURRENT_BATCHES),
         logging_config={"enable_access_log": False, "log_level": "WARNING"},
+        graceful_shutdown_wait_loop_s=0.1,  # as the tool pool's: undeploying waits no 2 s loop
     )
     handle = serve.run(deployment.bind(jc, judge_secrets(jc)), name=app_name, route_prefix=None)
     return JudgeHandle(handle, app_name)

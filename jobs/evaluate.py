@@ -13,7 +13,7 @@ expected calls and answer, the calls made, the last message); a training run's o
 figures only. The engines, runners and tool pool are the training run's own (`orchestration.rollout_group`),
 so an evaluation plays exactly what training rollouts play. An adapter reaches the engines as a training run's
 policy does (`rollout.weight_push`): on a vLLM engine on CPU merged into the base weights by a learner
-(`push_merged`), elsewhere as a LoRA adapter.
+(`start_and_push_merged`), elsewhere as a LoRA adapter.
 """
 
 from __future__ import annotations
@@ -174,18 +174,20 @@ async def _with_progress(rollout: Any, playing: Any, total: int) -> Any:
         bar.close()
 
 
-async def push_merged(cfg: Config, rollout: Any) -> None:
+async def start_and_push_merged(cfg: Config, rollout: Any) -> None:
     """The CPU engine's fast path: the adapter (`finetune.init_adapter`) merged into the base weights by a
     learner, as a training run pushes its policy (`rollout.weight_push` merged), so the engine generates through
-    plain weights, ~9x faster on CPU than through LoRA, and plays what the run's own evaluations played."""
+    plain weights, ~9x faster on CPU than through LoRA, and plays what the run's own evaluations played. The
+    learner starts beside the rollout group, and lives until its weights are on the engines (it owns them)."""
     import time
 
     from orchestration.learner_group import LearnerGroup
+    from orchestration.startup import start_groups
 
-    t0 = time.perf_counter()
     learner = LearnerGroup(cfg)
     try:
-        await learner.start()
+        await start_groups(cfg, rollout.start, learner.start)
+        t0 = time.perf_counter()
         await rollout.push_weights(1, await learner.export_weights_refs())
     finally:
         await learner.shutdown()
@@ -203,11 +205,12 @@ async def run(cfg: Any, rows: list[dict[str, Any]], adapter: str | None) -> dict
     pool = deploy_pool(cfg.tools, metrics_run(cfg))
     rollout = RolloutGroup(cfg, pool)
     try:
-        await rollout.start()
         if adapter and weight_push(cfg) == "merged":
-            await push_merged(cfg, rollout)
-        elif adapter:
-            await rollout.push_adapter(1, ray.put(read_adapter(adapter)))
+            await start_and_push_merged(cfg, rollout)
+        else:
+            await rollout.start()
+            if adapter:
+                await rollout.push_adapter(1, ray.put(read_adapter(adapter)))
         return await _with_progress(rollout, evaluate_rows(rollout, rows, greedy(cfg), detail=True), len(rows))
     finally:
         await rollout.shutdown()

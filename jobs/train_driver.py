@@ -113,8 +113,7 @@ class Driver:
         t_start = time.perf_counter()
         opened = self._open()
         self.tracker, self.monitor, self.sampler = opened.tracker, opened.monitor, opened.sampler
-        self.rollout = await self._start_rollout()
-        self.learner = await self._start_learner()
+        self.rollout, self.learner = await self._start_services()
         if opened.checkpoint is not None:
             await self._resume(opened.checkpoint)
         else:
@@ -158,6 +157,13 @@ class Driver:
             ckpt, tracker, HealthMonitor(**cfg.health.model_dump()), make_sampler(self.pf.train_rows, cfg.train)
         )
 
+    async def _start_services(self) -> tuple[RolloutGroup, LearnerGroup]:
+        """The rollout side and the learner side, started at once where they may (orchestration/startup.py)."""
+        from orchestration.startup import start_groups
+
+        rollout, learner = await start_groups(self.cfg, self._start_rollout, self._start_learner)
+        return rollout, learner
+
     async def _start_rollout(self) -> RolloutGroup:
         """The tool pool, the judge, and the rollout group over them, started."""
         from actors.engine_api import weight_push
@@ -167,7 +173,8 @@ class Driver:
 
         cfg, up = self.cfg, self.services
         print("deploying the MCP tool pool on Ray Serve", flush=True)
-        up.pool = deploy_pool(cfg.tools, metrics_run(cfg))
+        # Off the event loop: Serve's deploy blocks, and the learner starts meanwhile.
+        up.pool = await asyncio.to_thread(deploy_pool, cfg.tools, metrics_run(cfg))
         up.judge = start_judge(cfg)
 
         print(

@@ -339,6 +339,9 @@ def _app_for(spec: ServerSpec, token: str | None) -> Any:
         "ray_actor_options": cfg.replica_resources.actor_options(),
         "health_check_period_s": cfg.health_check_period_s,
         "max_ongoing_requests": 64,
+        # A stopping replica still finishes its calls in flight, but looks every 0.1 s rather than Serve's 2 s,
+        # which was what every undeploy of the pool waited, in full, at the end of each run.
+        "graceful_shutdown_wait_loop_s": 0.1,
         # One line per call would drown a training run's console; Serve's metrics still count calls.
         "logging_config": {"enable_access_log": False, "log_level": "WARNING"},
     }
