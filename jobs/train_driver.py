@@ -158,25 +158,26 @@ class Driver:
         )
 
     async def _start_services(self) -> tuple[RolloutGroup, LearnerGroup]:
-        """The rollout side and the learner side, started at once where they may (orchestration/startup.py)."""
-        from orchestration.startup import start_groups
-
-        rollout, learner = await start_groups(self.cfg, self._start_rollout, self._start_learner)
-        return rollout, learner
-
-    async def _start_rollout(self) -> RolloutGroup:
-        """The tool pool, the judge, and the rollout group over them, started."""
-        from actors.engine_api import weight_push
+        """The tool pool and the judge, then the rollout group and the learner group at once where they may
+        (orchestration/startup.py). The pool comes first: Serve's proxy binds its port as it starts, and a
+        port chosen free could be taken by a process starting beside it."""
         from cluster.metrics import metrics_run
-        from orchestration.rollout_group import RolloutGroup
+        from orchestration.startup import start_groups
         from serve_apps.tool_pool import deploy_pool
 
         cfg, up = self.cfg, self.services
         print("deploying the MCP tool pool on Ray Serve", flush=True)
-        # Off the event loop: Serve's deploy blocks, and the learner starts meanwhile.
-        up.pool = await asyncio.to_thread(deploy_pool, cfg.tools, metrics_run(cfg))
+        up.pool = deploy_pool(cfg.tools, metrics_run(cfg))
         up.judge = start_judge(cfg)
+        rollout, learner = await start_groups(cfg, self._start_rollout, self._start_learner)
+        return rollout, learner
 
+    async def _start_rollout(self) -> RolloutGroup:
+        """The rollout group over the tool pool and the judge, started."""
+        from actors.engine_api import weight_push
+        from orchestration.rollout_group import RolloutGroup
+
+        cfg, up = self.cfg, self.services
         print(
             f"starting {cfg.rollout.engines} rollout engine(s) and {cfg.rollout.runners} runner(s); "
             f"policy push: {weight_push(cfg)}",

@@ -123,13 +123,6 @@ class RolloutGroup(PolicyPushes):
             for i in range(r.engines):  # one at a time: a failed start shuts down those already started
                 name = actor_name(self.cfg.run_name, "engine", i)
                 self.engines.append(start_named(remote_class(EngineHost), name, self._engine_options(i), self.cfg, i))
-            # The runners' processes boot (~5 s of imports) while the engines load; nothing calls an engine
-            # before the warm-up below.
-            for i in range(r.runners):
-                name = actor_name(self.cfg.run_name, "runner", i)
-                self.runners.append(
-                    start_named(remote_class(RunnerHost), name, self._runner_options(), *self._runner_args())
-                )
             # Engines sharing a node share its cores: rank them per node before they start.
             nodes = await self._within(
                 asyncio.gather(*(h.node.remote() for h in self.engines)), f"starting {r.engines} engine actor(s)"
@@ -143,6 +136,11 @@ class RolloutGroup(PolicyPushes):
                 f"starting {r.engines} engine(s)",
             )
             await self._within(asyncio.gather(*(self._warm_up(h) for h in self.engines)), "warm-up requests")
+            for i in range(r.runners):
+                name = actor_name(self.cfg.run_name, "runner", i)
+                self.runners.append(
+                    start_named(remote_class(RunnerHost), name, self._runner_options(), *self._runner_args())
+                )
             await self._within(
                 asyncio.gather(*(h.stats.remote() for h in self.runners)),
                 f"placing {r.runners} runner actor(s) ({r.runner_resources.describe()} each)",

@@ -1,9 +1,9 @@
 """Starting the rollout side and the learner side of a job at once rather than one after the other.
 
-Each side's start is mostly waiting (actor processes booting, imports, Serve's reconcile loop, model loads),
-so on one CPU machine the two overlap well: a ci-tiny run starts ~10 s sooner. Each start cleans up after
-itself when it fails, so a failed start here waits for the others to finish theirs (and the caller's close
-stops what they started) before raising: nothing is left half-started behind the error."""
+Each side's start is mostly waiting (actor processes booting, imports, model loads), so even on one CPU
+machine the two overlap well. The tool pool is deployed before either starts (jobs/train_driver.py). Each
+start cleans up after itself when it fails, so a failed start here waits for the others to finish theirs (and
+the caller's close stops what they started) before raising: nothing is left half-started behind the error."""
 
 from __future__ import annotations
 
