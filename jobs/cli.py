@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 from typing import Any, NoReturn
 
@@ -13,6 +14,13 @@ from configs.loader import ConfigError, load_config, load_dotenv_file
 from configs.schema import Config
 
 INTERRUPTED_EXIT = 130  # Ctrl-C: the shell's own convention (128 + SIGINT)
+
+
+def interruptible() -> None:
+    """SIGINT raises KeyboardInterrupt even in a process started with it ignored, as a script's background job
+    (and whatever that job starts) is: Python then leaves SIGINT ignored, and asyncio.run does not take it, so
+    Ctrl-C, or `kill -INT`, would do nothing."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def base_parser(description: str) -> argparse.ArgumentParser:

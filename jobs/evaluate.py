@@ -28,7 +28,7 @@ from typing import Any
 from actors.adapter_io import read_adapter
 from cluster import storage
 from configs.schema import Config, SamplingConfig
-from jobs.cli import INTERRUPTED_EXIT, base_parser, counted, setup, usage_error
+from jobs.cli import INTERRUPTED_EXIT, base_parser, counted, interruptible, setup, usage_error
 from jobs.report import template_table
 from jobs.stats import group_success
 
@@ -249,6 +249,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = rows[: args.limit] if args.limit else rows
     from cluster.ray_env import ray_session
 
+    interruptible()
     with ray_session(cfg.cluster):
         try:
             result = asyncio.run(run(cfg, rows, args.adapter))

@@ -14,7 +14,7 @@ from rich.console import Console
 
 from cluster.metrics import metrics_run
 from cluster.ray_env import ray_session
-from jobs.cli import INTERRUPTED_EXIT, base_parser, setup, usage_error
+from jobs.cli import INTERRUPTED_EXIT, base_parser, interruptible, setup, usage_error
 from serve_apps.tool_pool import ServeToolPool, deploy_pool, server_specs, undeploy_apps, undeploy_pool
 
 
@@ -34,9 +34,7 @@ def main(argv: list[str] | None = None) -> None:
     console = Console()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    # Ctrl-C stops it even when started with SIGINT ignored (as a script's background job is): Python then
-    # leaves SIGINT ignored instead of raising KeyboardInterrupt.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    interruptible()
     with ray_session(cfg.cluster):
         try:
             pool = deploy_pool(cfg.tools, metrics_run(cfg))

@@ -191,7 +191,16 @@ def test_ctrl_c_while_it_plays_ends_it_in_one_line(tmp_path: Path, tasks: Path) 
     cmd = [sys.executable, "-m", "jobs.evaluate", "--config", "configs/ci-tiny.yaml", "--tasks", str(many)]
     cmd += ["--out", str(out), "--set", "rollout.sampling.max_new_tokens=1024"]
     cmd += ["--set", "rollout.max_concurrent_episodes=1", "--set", "rollout.hf_max_batch_size=1"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # Started with SIGINT ignored, as a script's background job is, and as a test run started in the background
+    # hands down: Ctrl-C must end it all the same (it went on playing for 13 min once).
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
     reader.start()
