@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -44,6 +45,12 @@ def library_logs(*names: str) -> Iterator[None]:
         for name, (level, filters) in saved.items():
             logging.getLogger(name).filters = filters
             logging.getLogger(name).setLevel(level)
+
+
+def ignore_sigint() -> None:
+    """A subprocess's `preexec_fn`: it starts with SIGINT ignored, as a script's background job does (and as a
+    test run started in the background hands down), so its Ctrl-C handling cannot lean on the default."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 @pytest.fixture(scope="session")

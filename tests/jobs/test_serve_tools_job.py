@@ -13,7 +13,7 @@ import pytest
 from fastmcp import Client
 
 from mcp_servers import mcprl_version
-from tests.conftest import free_port
+from tests.conftest import free_port, ignore_sigint
 
 pytestmark = pytest.mark.slow  # Ray, vLLM or a job's own process: `make test` runs it, `make test-fast` skips it
 
@@ -40,10 +40,6 @@ class Output:
         return "".join(self.lines)
 
 
-def _ignore_sigint() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
 async def test_serve_tools_serves_mcp_to_an_outside_client_and_stops_on_interrupt():
     port = free_port()
     sets = [f"tools.http.port={port}"] + [f"tools.servers.{n}.enabled=false" for n in ("fmp", "tavily", "python")]
@@ -51,7 +47,7 @@ async def test_serve_tools_serves_mcp_to_an_outside_client_and_stops_on_interrup
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     # started with SIGINT ignored, as a script's background job is (and as a test process may hand it down)
     proc = subprocess.Popen(
-        args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=_ignore_sigint
+        args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=ignore_sigint
     )
     output = Output(proc)
     try:
