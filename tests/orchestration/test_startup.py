@@ -58,12 +58,12 @@ async def test_a_failed_start_is_raised_after_the_other_has_finished() -> None:
     finished: list[str] = []
 
     async def rollout() -> None:
-        raise RuntimeError("the tool pool did not deploy")
+        raise RuntimeError("no engine could be placed")
 
     async def learner() -> None:
         await asyncio.sleep(0.2)  # still loading when the rollout side fails
         finished.append("learner")
 
-    with pytest.raises(RuntimeError, match="the tool pool did not deploy"):
+    with pytest.raises(RuntimeError, match="no engine could be placed"):
         await start_groups(config(0, 0), rollout, learner)
     assert finished == ["learner"]  # ended on its own, so the caller's close() finds it whole
