@@ -7,8 +7,11 @@ What cluster/gpu_box.sh runs on a lent GPU machine once the wheelhouse (cluster/
 build that the wheelhouse carries) and points `model.name` at them; without it the config's model is used.
 The run is `python -m jobs.train --config C --run` in a process of its own; then its metrics.jsonl gives,
 per GRPO step, the step time, the learner's tokens/s, the rollout's generated tokens/s and the weight push's
-latency, and their medians over the steps after the first (which pays for warm-up). The driver does not
-compute an MFU (no peak-FLOPs figure for the device), so none is printed.
+latency, and their medians over the steps after the first (which pays for warm-up). On a GPU whose bf16 peak
+is known (`PEAK_BF16`), the learner's MFU: model FLOPs per token (4N for LoRA, whose frozen weights need no
+weight gradients; 6N for full weights; N the model's parameters; attention's own FLOPs left out) times the
+learner's tokens/s, over the peak. The learner counts each episode's tokens whole while it computes a group's
+shared prompt once, so this MFU is the throughput's equivalent, not the FLOPs the GPU did.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +32,8 @@ from jobs.tracking import METRICS_FILE
 from jobs.train import run_location
 
 ROOT = Path(__file__).resolve().parents[1]
+# Dense bf16 tensor-core peaks from the vendor's data sheets (SXM parts), FLOP/s; matched by device name.
+PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12}
 # metrics.jsonl key → what the summary calls it
 FIGURES = {
     "timing/step_s": "step s",
@@ -47,8 +53,9 @@ def step_rows(metrics: Path) -> list[dict[str, Any]]:
     return [rows[s] for s in sorted(rows)]
 
 
-def summary(rows: list[dict[str, Any]]) -> list[str]:
-    """A table of `FIGURES` per step and their medians over the steps after the first."""
+def summary(rows: list[dict[str, Any]], mfu: Callable[[float], str] | None = None) -> list[str]:
+    """A table of `FIGURES` per step and their medians over the steps after the first; `mfu` turns the
+    median learner tokens/s into the MFU line."""
     lines = ["step  " + "  ".join(f"{name:>14}" for name in FIGURES.values())]
     for row in rows:
         lines.append(f"{row['step']:>4}  " + "  ".join(f"{float(row.get(k, float('nan'))):>14.3f}" for k in FIGURES))
@@ -56,8 +63,36 @@ def summary(rows: list[dict[str, Any]]) -> list[str]:
     medians = [statistics.median(float(r.get(k, float("nan"))) for r in later) for k in FIGURES]
     span = f"(steps {later[0]['step']}-{later[-1]['step']})"
     lines.append("med   " + "  ".join(f"{m:>14.3f}" for m in medians) + "   " + span)
-    lines.append("MFU: not computed (the driver records no peak-FLOPs figure for the device)")
+    lines.append(mfu(medians[1]) if mfu else "MFU: not computed (no GPU with a known peak)")
     return lines
+
+
+def mfu_line(device: str, params: int, lora: bool) -> Callable[[float], str]:
+    """The MFU line for a run on `device` (its name) of a model of `params` parameters."""
+    peak = next((v for k, v in PEAK_BF16.items() if k in device), None)
+    per_token = (4 if lora else 6) * params
+
+    def line(tokens_per_s: float) -> str:
+        if peak is None:
+            return f"MFU: not computed ({device}: no known bf16 peak)"
+        return (f"MFU {100 * per_token * tokens_per_s / peak:.2f}% on {device}: {per_token / 1e9:.1f} GFLOP per "
+                f"token ({4 if lora else 6}N, N = {params / 1e6:.0f}M) x median learner tok/s / {peak / 1e12:.0f} "
+                "TFLOP/s bf16 peak")  # fmt: skip
+
+    return line
+
+
+def _device_mfu(cfg: Any) -> Callable[[float], str] | None:
+    """After the run: the GPU's name and the model's parameter count (built on the meta device)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if not torch.cuda.is_available():
+        return None
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(cfg.model.name))
+    params = sum(p.numel() for p in model.parameters())
+    return mfu_line(torch.cuda.get_device_name(0), params, cfg.finetune.mode != "full")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     if not rows:
         print(f"no GRPO step in {metrics}", file=sys.stderr)
         return code or 1
-    print("\n".join(summary(rows)))
+    print("\n".join(summary(rows, _device_mfu(cfg))))
     return code
 
 

@@ -323,6 +323,27 @@ def build(
     return folder / "parts", manifest
 
 
+def make_venv(venv: Path, extra_site: Path | None = None) -> Path:
+    """A venv that sees this interpreter's packages (the image's CUDA torch) behind its own; returns its python.
+
+    `--system-site-packages` reaches only the base interpreter's site-packages, and the GPU image's python3 is
+    itself a venv (/opt/torch/.venv): its site-packages, and `extra_site` (the CPU test's stand-in for an
+    image), go into a .pth file, which puts them after the venv's own."""
+    import site
+
+    python = venv / "bin" / "python"
+    if not python.is_file():
+        made = subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)])
+        if made.returncode != 0:
+            raise WheelhouseError(f"{sys.executable} -m venv failed (exit {made.returncode}): see above")
+    sites = site.getsitepackages() if sys.prefix != sys.base_prefix else []
+    sites += [str(extra_site.resolve())] if extra_site is not None else []
+    if sites:
+        own = next((venv / "lib").glob("python3*/site-packages"))
+        (own / "zz_image_site.pth").write_text("".join(f"{x}\n" for x in sites))
+    return python
+
+
 def install(parts_dir: Path, venv: Path, cache: Path | None = None, extra_site: Path | None = None) -> Path:
     """Unpack the parts, then install their wheels into `venv` (made with --system-site-packages, so the
     machine's torch serves) without any index; model tars go under `cache`. Returns the venv's python."""
@@ -337,14 +358,7 @@ def install(parts_dir: Path, venv: Path, cache: Path | None = None, extra_site: 
             raise WheelhouseError(f"{tar.name} needs --cache (the folder MCPRL_CACHE names) to go to")
         with tarfile.open(tar) as t:
             t.extractall(cache, filter="data")
-    python = venv / "bin" / "python"
-    if not python.is_file():
-        made = subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)])
-        if made.returncode != 0:
-            raise WheelhouseError(f"{sys.executable} -m venv failed (exit {made.returncode}): see above")
-    if extra_site is not None:  # the CPU test's stand-in for an image's site-packages
-        site = next((venv / "lib").glob("python3*/site-packages"))
-        (site / "zz_image_site.pth").write_text(f"{extra_site.resolve()}\n")
+    python = make_venv(venv, extra_site)
     proc = subprocess.run([str(python), "-m", "pip", "install", "--no-index", "--find-links", str(wheels),
                            "-r", str(wheels / manifest["requirements"])])  # fmt: skip
     if proc.returncode != 0:

@@ -18,7 +18,7 @@ import ray
 
 from cluster.local_cluster import RAY, clean_env, get_json, node_port_flags, stop_group, wait_for
 from cluster.ports import free_port
-from cluster.ray_env import _EMBEDDED_ENV, start_ray
+from cluster.ray_env import _EMBEDDED_ENV, embedded_cpus, start_ray
 from configs.schema import ClusterConfig
 
 pytestmark = pytest.mark.slow  # Ray, vLLM or a job's own process: `make test` runs it, `make test-fast` skips it
@@ -172,3 +172,10 @@ def test_a_fresh_process_sets_the_environment_up_only_when_asked_and_starts_ray_
     assert out["after"] == _EMBEDDED_ENV
     assert out["node_ip"] == "127.0.0.1" and out["address"].startswith("127.0.0.1:")
     assert out["listen"] and all(_loopback(ip) for ip in out["listen"]), out["listen"]  # gcs, raylet, workers
+
+
+def test_the_embedded_ray_gets_a_whole_cpu_count():
+    # The schema reads `num_cpus: 8` as 8.0; Ray's raylet never came up with that on a GPU machine.
+    assert [embedded_cpus(ClusterConfig(num_cpus=n)) for n in (8, 8.0, 0.5)] == [8, 8, 1]
+    assert isinstance(embedded_cpus(ClusterConfig(num_cpus=8.0)), int)
+    assert embedded_cpus(ClusterConfig()) == os.cpu_count()

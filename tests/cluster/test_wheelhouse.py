@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -86,3 +88,12 @@ def test_install_refuses_a_wheelhouse_for_another_python(files, tmp_path):
     pack(files, tmp_path / "parts", PART, {"python": "2.7", "requirements": "requirements.txt"})
     with pytest.raises(WheelhouseError, match=r"for Python 2\.7"):
         wheelhouse.install(tmp_path / "parts", tmp_path / "venv")
+
+
+def test_a_venv_made_from_a_venv_sees_that_venvs_packages(tmp_path):
+    # The GPU image's python3 is itself a venv: --system-site-packages alone would hide its CUDA torch.
+    assert sys.prefix != sys.base_prefix, "run from the project's venv"
+    python = wheelhouse.make_venv(tmp_path / "venv")
+    where = subprocess.run([str(python), "-c", "import yaml, sys; print(yaml.__file__); print(sys.prefix)"],
+                           capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
+    assert Path(where[0]).is_relative_to(sys.prefix) and where[1] == str(tmp_path / "venv")
