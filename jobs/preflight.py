@@ -353,6 +353,7 @@ def check_keys(cfg: Config, pf: Preflight) -> None:
 
 def check_servers(cfg: Config, pf: Preflight) -> None:
     """Build each configured server in this process and list its tools."""
+    from mcp_servers.sandbox import find_bwrap
     from serve_apps.tool_pool import LocalToolPool, make_host, server_specs
 
     async def listing() -> tuple[dict[str, list[dict[str, Any]]], list[str]]:
@@ -375,12 +376,20 @@ def check_servers(cfg: Config, pf: Preflight) -> None:
             await pool.close()
 
     pf.listing, errors = asyncio.run(listing())
+    fix = "fix the server's config (command, url, backend) or disable it"
+    python = cfg.tools.servers.python
+    if python.enabled and find_bwrap() is None and not python.sandbox.allow_unsandboxed:
+        # The server lists its tool without the sandbox; only its calls fail, and the rule tasks that need
+        # them would be dropped as if their templates had run out of tasks.
+        errors.append("python: the sandbox is unavailable (bubblewrap, `bwrap`, is not installed): every "
+                      "run_python call would fail")  # fmt: skip
+        fix = "install bubblewrap (`make sandbox`, or apt-get install bubblewrap), or disable tools.servers.python"
     detail = ", ".join(f"{name} ({len(tools)} tools)" for name, tools in pf.listing.items())
     pf.add(
         "MCP servers",
         not errors and bool(pf.listing),
         detail if not errors else "; ".join(errors),
-        "" if not errors else "fix the server's config (command, url, backend) or disable it",
+        fix if errors else "",
     )
 
 
@@ -417,10 +426,10 @@ def run_preflight(cfg: Config, write: bool = False) -> Preflight:
     check_servers(cfg, pf)
     check_tools_port(cfg, pf)
     check_model(cfg, pf)
-    if pf.listing:
+    if pf.listing and all(c.ok for c in pf.checks if c.name == "MCP servers"):
         check_data(cfg, pf, write)
     else:
-        pf.add("data", False, "skipped: no tool listing to check the tasks against", "fix the MCP servers first")
+        pf.add("data", False, "skipped: the tasks are checked against working MCP servers", "fix the MCP servers first")
     check_template(cfg, pf)
     if write and not pf.ok:
         from cluster.placement import release_request

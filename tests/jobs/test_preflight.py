@@ -41,3 +41,28 @@ def test_model_check_refuses_a_vllm_context_longer_than_the_models_positions() -
     pf = Preflight()
     check_model(cfg, pf)
     assert pf.checks[0].ok, pf.checks[0].detail
+
+
+def test_a_python_tool_without_its_sandbox_fails_preflight_by_name(tmp_path: Path) -> None:
+    """Without bubblewrap every run_python call fails; the rule generator used to drop the tasks that need it
+    as if their templates had run out of tasks, and the run trained without them."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PATH": str(Path(sys.executable).parent)}  # no bwrap on it
+    data = tmp_path / "data"
+    proc = subprocess.run(
+        [sys.executable, "-m", "jobs.train", "--config", "configs/ci-tiny.yaml",
+         "--set", "tools.servers.python.enabled=true",
+         "--set", f"data.train={data / 'tasks.train.jsonl'}",
+         "--set", f"data.validation={data / 'tasks.validation.jsonl'}"],
+        cwd=root, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert (
+        "[FAIL] MCP servers: python: the sandbox is unavailable (bubblewrap, `bwrap`, is not installed)" in proc.stdout
+    )
+    assert "make sandbox" in proc.stdout and "[FAIL] data: skipped" in proc.stdout
+    assert not data.exists()
