@@ -351,9 +351,9 @@ def check_keys(cfg: Config, pf: Preflight) -> None:
     )
 
 
-def check_servers(cfg: Config, pf: Preflight) -> None:
-    """Build each configured server in this process and list its tools."""
-    from mcp_servers.sandbox import find_bwrap
+def check_servers(cfg: Config, pf: Preflight) -> bool:
+    """Build each configured server in this process, list its tools and run its health probe (the one Serve
+    runs on its replicas: the python tool's runs a program in the sandbox). Returns whether all passed."""
     from serve_apps.tool_pool import LocalToolPool, make_host, server_specs
 
     async def listing() -> tuple[dict[str, list[dict[str, Any]]], list[str]]:
@@ -366,9 +366,14 @@ def check_servers(cfg: Config, pf: Preflight) -> None:
         pool = LocalToolPool(hosts)
         try:
             out = {}
-            for name in list(hosts):
+            for name, host in hosts.items():
                 try:
-                    out[name] = (await LocalToolPool({name: hosts[name]}).list_tools())[name]
+                    out[name] = (await LocalToolPool({name: host}).list_tools())[name]
+                    # A server can list its tools and still fail every call (the python tool without
+                    # bubblewrap): the rule tasks that need it would be dropped as if their templates had
+                    # run out of tasks.
+                    if host.probe and (problem := await host.probe()):
+                        errors.append(f"{name}: {problem}")
                 except Exception as e:
                     errors.append(f"{name}: {type(e).__name__}: {e}")
             return out, errors
@@ -376,20 +381,12 @@ def check_servers(cfg: Config, pf: Preflight) -> None:
             await pool.close()
 
     pf.listing, errors = asyncio.run(listing())
-    fix = "fix the server's config (command, url, backend) or disable it"
-    python = cfg.tools.servers.python
-    if python.enabled and find_bwrap() is None and not python.sandbox.allow_unsandboxed:
-        # The server lists its tool without the sandbox; only its calls fail, and the rule tasks that need
-        # them would be dropped as if their templates had run out of tasks.
-        errors.append("python: the sandbox is unavailable (bubblewrap, `bwrap`, is not installed): every "
-                      "run_python call would fail")  # fmt: skip
-        fix = "install bubblewrap (`make sandbox`, or apt-get install bubblewrap), or disable tools.servers.python"
     detail = ", ".join(f"{name} ({len(tools)} tools)" for name, tools in pf.listing.items())
-    pf.add(
+    return pf.add(
         "MCP servers",
         not errors and bool(pf.listing),
         detail if not errors else "; ".join(errors),
-        fix if errors else "",
+        "" if not errors else "fix the server's config (command, url, backend) or disable it",
     )
 
 
@@ -423,10 +420,10 @@ def run_preflight(cfg: Config, write: bool = False) -> Preflight:
     pf = Preflight()
     check_resources(cfg, pf, request=write)
     check_keys(cfg, pf)
-    check_servers(cfg, pf)
+    servers_ok = check_servers(cfg, pf)
     check_tools_port(cfg, pf)
     check_model(cfg, pf)
-    if pf.listing and all(c.ok for c in pf.checks if c.name == "MCP servers"):
+    if servers_ok:
         check_data(cfg, pf, write)
     else:
         pf.add("data", False, "skipped: the tasks are checked against working MCP servers", "fix the MCP servers first")

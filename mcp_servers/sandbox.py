@@ -277,8 +277,8 @@ async def run_sandboxed(code: str, cfg: SandboxConfig, stdin: str = "") -> RunRe
     bwrap = find_bwrap()
     if bwrap is None and not cfg.allow_unsandboxed:
         raise SandboxError(
-            "sandbox unavailable: bubblewrap (bwrap) is not installed. Install it (apt-get install "
-            "bubblewrap), or set tools.servers.python.sandbox.allow_unsandboxed=true to run code "
+            "sandbox unavailable: bubblewrap (bwrap) is not installed. Install it (`make sandbox`, or "
+            "apt-get install bubblewrap), or set tools.servers.python.sandbox.allow_unsandboxed=true to run code "
             "without isolation (unsafe: trusted code only)"
         )
     with contextlib.ExitStack() as stack:

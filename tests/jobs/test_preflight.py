@@ -61,8 +61,6 @@ def test_a_python_tool_without_its_sandbox_fails_preflight_by_name(tmp_path: Pat
         cwd=root, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert (
-        "[FAIL] MCP servers: python: the sandbox is unavailable (bubblewrap, `bwrap`, is not installed)" in proc.stdout
-    )
+    assert "[FAIL] MCP servers: python: sandbox unavailable: bubblewrap (bwrap) is not installed" in proc.stdout
     assert "make sandbox" in proc.stdout and "[FAIL] data: skipped" in proc.stdout
     assert not data.exists()
