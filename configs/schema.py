@@ -360,10 +360,29 @@ class GenerationConfig(Strict):
         description="Splits made of held-out instances (tickers, phrasings) of the train split's templates, e.g. "
         "[validation]; the other splits are by whole template (rule generator only).",
     )
+    split_rows: dict[str, int] = Field(
+        default_factory=dict,
+        description="Rows per split, e.g. {train: 460, validation: 100, transfer: 60}, in place of n_samples "
+        "shared by the fractions (which still decide the templates of each by-template split); the keys are "
+        "the splits' (rule generator only). {} = n_samples by the fractions.",
+    )
     near_duplicate_threshold: float = Field(
         0.9, gt=0, le=1, description="Prompt similarity at which a task is a near-duplicate."
     )
     openai: OpenAIConfig = Field(default_factory=OpenAIConfig)
+
+    @model_validator(mode="after")
+    def _split_rows_name_the_splits(self) -> GenerationConfig:
+        if self.split_rows:
+            if set(self.split_rows) != set(self.splits):
+                raise ValueError(
+                    f"split_rows must give a row count for each split and only those: splits "
+                    f"{sorted(self.splits) or 'none'}, split_rows {sorted(self.split_rows)}"
+                )
+            low = {k: v for k, v in self.split_rows.items() if v < 1}
+            if low:
+                raise ValueError(f"split_rows: every split needs at least one row; got {low}")
+        return self
 
 
 # --------------------------------------------------------------------------- environment and rewards

@@ -37,7 +37,7 @@ from pydantic import ValidationError
 
 from cluster import storage
 from configs.loader import ConfigError, apply_openai_env
-from configs.schema import Config
+from configs.schema import Config, GenerationConfig
 from jobs.cli import base_parser, counted, setup, usage_error
 from tasks.generators import METHODS, GeneratorUnavailable, get_generator
 from tasks.generators.options import GenerateOptions, GenerationError
@@ -113,7 +113,13 @@ def resolve(args: argparse.Namespace, cfg: Config, env: dict[str, str] | os._Env
     except ConfigError as e:
         raise GenerationError(str(e)) from None
     if args.split is not None:
-        gen.splits = parse_splits(args.split)
+        splits = parse_splits(args.split)
+        if gen.split_rows and set(splits) != set(gen.split_rows):  # the config's own check would be a raw error
+            raise GenerationError(
+                f"--split {args.split}: generation.split_rows names {', '.join(sorted(gen.split_rows))}, "
+                f"the splits are {', '.join(sorted(splits))}"
+            )
+        gen.splits = splits
     elif gen.splits:
         check_splits(gen.splits)
     if args.instance_splits is not None:
@@ -121,6 +127,19 @@ def resolve(args: argparse.Namespace, cfg: Config, env: dict[str, str] | os._Env
     check_instance_splits(gen.splits, gen.instance_splits)
     if gen.instance_splits and args.method != "rule":
         raise GenerationError(f"generation.instance_splits: only the rule method makes them, not {args.method}")
+    if gen.split_rows:
+        check_split_rows(args, gen, env)
+
+
+def check_split_rows(args: argparse.Namespace, gen: GenerationConfig, env: dict[str, str] | os._Environ[str]) -> None:
+    """`generation.split_rows` sets every split's row count (the config checked that it names the splits): nothing
+    else may set a count."""
+    key = "generation.split_rows"
+    if args.method != "rule":
+        raise GenerationError(f"{key}: only the rule method fills splits to a row count, not {args.method}")
+    if args.n is not None or env.get("N_SAMPLES", "").strip():
+        given = f"--n {args.n}" if args.n is not None else f"environment N_SAMPLES={env['N_SAMPLES'].strip()}"
+        raise GenerationError(f"{given} and {key} both say how many rows to make: drop one")
 
 
 def _show(value: Any) -> str:

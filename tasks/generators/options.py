@@ -37,6 +37,7 @@ class GenerateOptions:
     # Splits of held-out instances (tickers, phrasings) of the train split's templates, e.g. ("validation",);
     # the other splits are by whole template (see splits.py). Only the rule generator makes them.
     instance_splits: tuple[str, ...] = ()
+    split_rows: dict[str, int] = field(default_factory=dict)  # rows per split, in place of n by the fractions
     extra: dict[str, object] = field(default_factory=dict)  # method-specific extras, free-form
     # Called as progress(done, total) while generating; the job draws its progress bar from it.
     progress: Callable[[int, int], None] | None = field(default=None, compare=False, repr=False)
@@ -51,7 +52,7 @@ class GenerateOptions:
         """Defaults from `cfg.generation`; `overrides` (already-resolved CLI/env values) win."""
         g = cfg.generation
         base: dict[str, object] = {
-            "n": g.n_samples,
+            "n": sum(g.split_rows.values()) if g.split_rows else g.n_samples,
             "seed": g.seed,
             "domains": tuple(g.domains),
             "complexities": tuple(g.complexities),
@@ -59,6 +60,7 @@ class GenerateOptions:
             "max_turns": g.max_turns,
             "splits": dict(g.splits),
             "instance_splits": tuple(g.instance_splits),
+            "split_rows": dict(g.split_rows),
         }
         base.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**base)  # type: ignore[arg-type]

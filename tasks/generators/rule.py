@@ -1119,7 +1119,8 @@ async def generate(cfg: Config, opts: GenerateOptions, pool: Any) -> list[dict[s
         # all take the training part, so a transfer task differs from training by its template alone.
         part = False if instance else None
         rows = []
-        for split, quota in row_quotas(opts.n, splits).items():
+        quotas = {k: opts.split_rows[k] for k in splits} if opts.split_rows else row_quotas(opts.n, splits)
+        for split, quota in quotas.items():
             home, held_out = ("train", True) if split in instance else (split, part)
             mine = [by_id[tid] for tid, s in sorted(where.items()) if s == home]
             rows += await builder.fill(split, mine, quota, held_out)

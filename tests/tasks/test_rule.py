@@ -364,3 +364,62 @@ def test_instance_splits_come_from_the_config() -> None:
     cfg = CFG.model_copy(deep=True)
     cfg.generation.instance_splits = ["validation"]
     assert GenerateOptions.from_config(cfg).instance_splits == ("validation",)
+
+
+# --------------------------------------------------------------------------- row counts per split
+
+
+async def test_split_rows_fill_each_split_to_its_count_with_the_fractions_templates(pool: LocalToolPool) -> None:
+    """Rows by count (many training rows beside evaluation sets of a fixed size); templates still by fraction."""
+    cfg = CFG.model_copy(deep=True)
+    g = cfg.generation
+    g.seed, g.domains, g.complexities = 1, ["polygon", "fmp"], ["simple", "medium"]
+    g.splits, g.instance_splits = dict(INSTANCE_SPLITS), ["validation"]
+    g.split_rows = {"train": 20, "validation": 6, "transfer": 4}
+    opts = GenerateOptions.from_config(cfg)
+    assert opts.n == 30
+    rows = await r.generate(cfg, opts, pool)
+    assert Counter(row["extra_info"]["split"] for row in rows) == g.split_rows
+    kinds = {t.id: t.complexity for t in r.eligible_templates(opts)}
+    where = assign_templates(list(kinds), {"train": 0.5 / 0.7, "transfer": 0.2 / 0.7}, 1, kinds)
+    for row in rows:  # the same templates per split as the fractions alone give
+        home = "train" if row["extra_info"]["split"] == "validation" else row["extra_info"]["split"]
+        assert where[row["extra_info"]["template"]] == home, row["extra_info"]
+
+
+@pytest.mark.parametrize(
+    ("split_rows", "message"),
+    [
+        ({"train": 20, "validation": 6}, r"split_rows must give a row count for each split and only those"),
+        ({"train": 20, "validation": 6, "transfer": 0}, r"split_rows: every split needs at least one row"),
+    ],
+)
+def test_bad_split_rows_name_the_key(split_rows: dict[str, int], message: str) -> None:
+    from configs.loader import ConfigError, load_config
+
+    sets = [f"generation.splits={json.dumps(INSTANCE_SPLITS)}", f"generation.split_rows={json.dumps(split_rows)}"]
+    with pytest.raises(ConfigError, match=f"generation(.|\n)*{message}"):
+        load_config(None, sets)
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        (["--n", "12"], {}, "--n 12 and generation.split_rows both say how many rows to make"),
+        ([], {"N_SAMPLES": "12"}, "environment N_SAMPLES=12 and generation.split_rows both say"),
+        (["--split", "train=0.8,test=0.2"], {}, "generation.split_rows names train, transfer, validation, the splits"),
+        (["--method", "llm"], {}, "generation.split_rows: only the rule method fills splits to a row count"),
+    ],
+)
+def test_split_rows_beside_another_row_count_is_refused(argv: list[str], env: dict[str, str], message: str) -> None:
+    from jobs.generate_tasks import build_parser, resolve
+
+    cfg = CFG.model_copy(deep=True)
+    cfg.generation.splits, cfg.generation.instance_splits = dict(INSTANCE_SPLITS), ["validation"]
+    cfg.generation.split_rows = {"train": 20, "validation": 6, "transfer": 4}
+    if "--split" in argv or "--method" in argv:  # instance splits would be refused first
+        cfg.generation.instance_splits = []
+    method = [] if "--method" in argv else ["--method", "rule"]
+    args = build_parser().parse_args([*method, *argv])
+    with pytest.raises(GenerationError, match=re.escape(message)):
+        resolve(args, cfg, env)
