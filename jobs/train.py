@@ -48,7 +48,7 @@ from typing import Any
 from cluster import storage
 from configs.schema import Config
 from jobs.checkpoints import latest_checkpoint
-from jobs.cli import INTERRUPTED_EXIT, base_parser, setup, usage_error
+from jobs.cli import INTERRUPTED_EXIT, base_parser, interruptible, setup, usage_error
 from jobs.held_out import milestone_lines
 from jobs.train_driver import RESUME_HINT, Driver, RunStopped, resume_command
 
@@ -109,31 +109,33 @@ def main(argv: list[str] | None = None) -> None:
         storage.delete(run)  # a fresh run leaves nothing from an earlier, checkpoint-less one
     print(f"outputs: {run}", flush=True)
     resume_cmd = resume_command(args.config, args.overrides)
-    with ray_session(cfg.cluster) as ray_handle:
-        print(dashboard_line(ray_handle.dashboard_url, metrics_run(cfg)), flush=True)
-        driver = Driver(cfg, pf, run, args.resume, resume_cmd)
+    interruptible()
+    try:  # Ctrl-C at any point, Ray's start included: one line and the resume command, no traceback
+        with ray_session(cfg.cluster) as ray_handle:
+            print(dashboard_line(ray_handle.dashboard_url, metrics_run(cfg)), flush=True)
+            driver = Driver(cfg, pf, run, args.resume, resume_cmd)
 
-        async def go() -> dict[str, Any]:
-            # `ray job stop` sends SIGTERM: cancel the run, so that close() still removes its Serve apps;
-            # the newest checkpoint is whole (written aside, then renamed or marked), the resume starts there.
-            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
+            async def go() -> dict[str, Any]:
+                # `ray job stop` sends SIGTERM: cancel the run, so that close() still removes its Serve apps;
+                # the newest checkpoint is whole (written aside, then renamed or marked), the resume starts there.
+                asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
+                try:
+                    return await driver.run()
+                finally:
+                    await driver.close()
+
             try:
-                return await driver.run()
-            finally:
-                await driver.close()
-
-        try:
-            result = asyncio.run(go())
-        except (RunStopped, LearnerDied) as e:  # LearnerDied here: outside the steps, nothing to rebuild
-            message = str(e) if isinstance(e, RunStopped) else f"{e}. {RESUME_HINT}{resume_cmd}"
-            print(f"error: {message}", file=sys.stderr)
-            sys.exit(1)  # leaving the session stops the embedded Ray
-        except asyncio.CancelledError:
-            print(f"stopped by SIGTERM. {RESUME_HINT}{resume_cmd}", file=sys.stderr, flush=True)
-            sys.exit(143)
-        except KeyboardInterrupt:
-            print(f"interrupted. {RESUME_HINT}{resume_cmd}", file=sys.stderr, flush=True)
-            sys.exit(INTERRUPTED_EXIT)
+                result = asyncio.run(go())
+            except (RunStopped, LearnerDied) as e:  # LearnerDied here: outside the steps, nothing to rebuild
+                message = str(e) if isinstance(e, RunStopped) else f"{e}. {RESUME_HINT}{resume_cmd}"
+                print(f"error: {message}", file=sys.stderr)
+                sys.exit(1)  # leaving the session stops the embedded Ray
+            except asyncio.CancelledError:
+                print(f"stopped by SIGTERM. {RESUME_HINT}{resume_cmd}", file=sys.stderr, flush=True)
+                sys.exit(143)
+    except KeyboardInterrupt:
+        print(f"interrupted. {RESUME_HINT}{resume_cmd}", file=sys.stderr, flush=True)
+        sys.exit(INTERRUPTED_EXIT)
     if "health_stop" in result:
         print(
             f"error: the run was stopped by health.stop_on: {result['health_stop']}. Its checkpoint: "

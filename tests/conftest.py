@@ -8,6 +8,9 @@ import contextlib
 import logging
 import os
 import signal
+import subprocess
+import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -51,6 +54,32 @@ def ignore_sigint() -> None:
     """A subprocess's `preexec_fn`: it starts with SIGINT ignored, as a script's background job does (and as a
     test run started in the background hands down), so its Ctrl-C handling cannot lean on the default."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def ctrl_c_after(
+    cmd: list[str], after: str, cwd: Path, env: dict[str, str] | None = None, wait_s: float = 240, settle_s: float = 1.0
+) -> tuple[int, str]:
+    """Start `cmd` with SIGINT ignored (see `ignore_sigint`), send it SIGINT `settle_s` after a line holding `after`
+    appears, and return its exit code and output (stdout and stderr together)."""
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=ignore_sigint
+    )
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + wait_s
+    while not any(after in line for line in lines) and proc.poll() is None:
+        assert time.monotonic() < deadline, "".join(lines)
+        time.sleep(0.1)
+    time.sleep(settle_s)
+    proc.send_signal(signal.SIGINT)
+    try:
+        code = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    reader.join(timeout=10)
+    return code, "".join(lines)
 
 
 @pytest.fixture(scope="session")

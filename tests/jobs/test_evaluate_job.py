@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ignore_sigint
+from tests.conftest import ctrl_c_after
 
 pytestmark = pytest.mark.slow  # Ray, vLLM or a job's own process: `make test` runs it, `make test-fast` skips it
 
@@ -177,9 +177,6 @@ def test_an_adapter_on_a_cpu_vllm_engine_is_merged_and_plays_as_through_lora(tmp
 
 def test_ctrl_c_while_it_plays_ends_it_in_one_line(tmp_path: Path, tasks: Path) -> None:
     """SIGINT (a terminal's Ctrl-C) once the engines play: exit 130, one line, no traceback, nothing written."""
-    import signal
-    import time
-
     # Long enough to be interrupted on any machine: the fixture's tasks 20 times over (under new ids), one episode at a
     # time, each turn up to 1,024 tokens (3 tasks done in under a second once, before the signal came).
     many = tmp_path / "many.jsonl"
@@ -195,25 +192,8 @@ def test_ctrl_c_while_it_plays_ends_it_in_one_line(tmp_path: Path, tasks: Path) 
     cmd += ["--set", "rollout.max_concurrent_episodes=1", "--set", "rollout.hf_max_batch_size=1"]
     # Started with SIGINT ignored, as a script's background job is, and as a test run started in the background
     # hands down: Ctrl-C must end it all the same (it went on playing for 13 min once).
-    proc = subprocess.Popen(
-        cmd,
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        preexec_fn=ignore_sigint,
-    )
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
-    reader.start()
-    deadline = time.monotonic() + 240
-    while not any("rollout group:" in line for line in lines) and proc.poll() is None:
-        assert time.monotonic() < deadline, "".join(lines)
-        time.sleep(0.1)
-    time.sleep(1.0)  # the episodes are under way
-    proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=120) == 130, "".join(lines)
-    reader.join(timeout=10)
-    after = "".join(lines).split("rollout group:", 1)[1]
+    code, output = ctrl_c_after(cmd, "rollout group:", cwd=ROOT)  # then a second for the episodes to be under way
+    assert code == 130, output
+    after = output.split("rollout group:", 1)[1]
     assert after.splitlines()[1:] == ["interrupted: nothing was written"], after
     assert not out.exists()

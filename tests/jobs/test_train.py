@@ -196,6 +196,20 @@ def test_kill_and_resume_ends_where_an_unbroken_run_ends(unbroken: Path, tmp_pat
         torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-7)
 
 
+def test_ctrl_c_in_a_run_started_with_sigint_ignored_stops_it_with_the_resume_command(
+    unbroken: Path, tmp_path: Path
+) -> None:
+    """A run started as a script's background job (SIGINT ignored, which Python keeps): Ctrl-C must still end it,
+    in one line that gives the resume command, and with no traceback."""
+    from tests.conftest import ctrl_c_after
+
+    data = unbroken.parent.parent / "data"
+    code, out = ctrl_c_after(train_cmd(tmp_path, data, "--run"), "rollout group:", cwd=ROOT, env=ENV, wait_s=TIMEOUT_S)
+    assert code == 130, out
+    assert "interrupted. " in out and "--resume" in out, out
+    assert "Traceback" not in out, out
+
+
 def test_a_bad_config_stops_before_anything_starts(tmp_path: Path) -> None:
     proc = train(tmp_path, "--set", "train.group_size=1", "--run", check=False)
     assert proc.returncode == 2
