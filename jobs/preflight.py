@@ -26,6 +26,7 @@ from typing import Any
 from cluster import storage
 from cluster.placement import ClusterView, NodeType, Role
 from configs.schema import Config, LiveService
+from jobs.cli import counted
 
 PASS, FAIL = "ok", "FAIL"
 
@@ -381,7 +382,7 @@ def check_servers(cfg: Config, pf: Preflight) -> bool:
             await pool.close()
 
     pf.listing, errors = asyncio.run(listing())
-    detail = ", ".join(f"{name} ({len(tools)} tools)" for name, tools in pf.listing.items())
+    detail = ", ".join(f"{name} ({counted(len(tools), 'tool')})" for name, tools in pf.listing.items())
     return pf.add(
         "MCP servers",
         not errors and bool(pf.listing),

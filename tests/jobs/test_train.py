@@ -89,6 +89,7 @@ def test_preflight_prints_the_plan_and_starts_nothing(tmp_path: Path, tmp_path_f
     assert "preflight passed" in proc.stdout
     for check in ("resources", "API keys", "MCP servers", "tools port", "model", "data", "chat template"):
         assert f"[ok] {check}" in proc.stdout
+    assert "[ok] MCP servers: polygon (3 tools), fmp (3 tools)\n" in proc.stdout  # counted: "python (1 tool)"
     assert "fine-tune: lora" in proc.stdout and "rollout backend: hf" in proc.stdout
     data = tmp_path / "data"
     would = f"--run would generate rule tasks into {data / 'tasks.train.jsonl'}, {data / 'tasks.validation.jsonl'}"
