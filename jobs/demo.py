@@ -4,7 +4,8 @@ and result, and stop cleanly.
 
     python -m jobs.demo [--config configs/tools.yaml] [--set ...]
 
-Until the training loop exists the "agent" is a script; each step uses what earlier steps returned.
+The tool pool alone, no model (`make demo-tools`): the "agent" is a script; each step uses what earlier steps
+returned. The training demo is `make demo` (`python -m jobs.train --config configs/demo-cpu.yaml --run`).
 """
 
 from __future__ import annotations
