@@ -112,14 +112,8 @@ def resolve(args: argparse.Namespace, cfg: Config, env: dict[str, str] | os._Env
         apply_openai_env(gen.openai, "generation.openai", args.overrides, env)
     except ConfigError as e:
         raise GenerationError(str(e)) from None
-    if args.split is not None:
-        splits = parse_splits(args.split)
-        if gen.split_rows and set(splits) != set(gen.split_rows):  # the config's own check would be a raw error
-            raise GenerationError(
-                f"--split {args.split}: generation.split_rows names {', '.join(sorted(gen.split_rows))}, "
-                f"the splits are {', '.join(sorted(splits))}"
-            )
-        gen.splits = splits
+    if args.split is not None:  # assigned through the schema, whose checks (split_rows' keys) name the option
+        _assign(gen, "splits", parse_splits(args.split), f"--split={args.split}")
     elif gen.splits:
         check_splits(gen.splits)
     if args.instance_splits is not None:

@@ -407,7 +407,7 @@ def test_bad_split_rows_name_the_key(split_rows: dict[str, int], message: str) -
     [
         (["--n", "12"], {}, "--n 12 and generation.split_rows both say how many rows to make"),
         ([], {"N_SAMPLES": "12"}, "environment N_SAMPLES=12 and generation.split_rows both say"),
-        (["--split", "train=0.8,test=0.2"], {}, "generation.split_rows names train, transfer, validation, the splits"),
+        (["--split", "train=0.8,test=0.2"], {}, "--split=train=0.8,test=0.2: Value error, split_rows must give a row"),
         (["--method", "llm"], {}, "generation.split_rows: only the rule method fills splits to a row count"),
     ],
 )
