@@ -73,6 +73,20 @@ def runs(tmp: Path) -> dict[str, Run]:
             {},
         ),
         "instance": ([*INSTANCE_ARGS, "--out", str(tmp / "i.jsonl")], {}),
+        "split_rows": (  # rows by count, set in the config beside its splits, as a config file sets them
+            [
+                *["--method", "rule", "--seed", "1", "--domains", "polygon,fmp", "--complexities", "simple"],
+                "--out",
+                str(tmp / "r.jsonl"),
+                "--set",
+                'generation.splits={"train": 0.5, "validation": 0.3, "transfer": 0.2}',
+                "--set",
+                "generation.instance_splits=[validation]",
+                "--set",
+                'generation.split_rows={"train": 12, "validation": 5, "transfer": 3}',
+            ],
+            {},
+        ),
         "instance_bad": (["--method", "rule", "--split", SPLIT, "--instance-splits", "train"], {}),
         "env": (
             ["--method", "rule", "--n", "6", "--out", str(tmp / "e.json")],
@@ -125,6 +139,13 @@ def test_instance_splits_write_held_out_rows_of_the_train_templates(runs: dict[s
     for split, rows in groups.items():
         assert {r["extra_info"]["split"] for r in rows} == {split}
         assert {r["extra_info"].get("held_out", False) for r in rows} == {split == "validation"}
+
+
+def test_split_rows_fill_each_split_to_its_count(runs: dict[str, Run], tmp: Path) -> None:
+    run = runs["split_rows"]
+    assert run.rc == 0, run.out
+    counts = {split: len(read_rows(tmp / f"r.{split}.jsonl")) for split in ("train", "validation", "transfer")}
+    assert counts == {"train": 12, "validation": 5, "transfer": 3}, run.out
 
 
 async def test_every_expert_result_fits_the_cut_the_config_sets(runs: dict[str, Run], tmp: Path) -> None:
