@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from jobs.tracking import Tracker
     from orchestration.learner_group import LearnerGroup
     from orchestration.rollout_group import RolloutGroup
+    from serve_apps.tool_pool import ServeAddress
     from tasks.curriculum import CurriculumSampler, TaskSampler
 
 log = logging.getLogger("mcprl.train")
@@ -158,26 +159,29 @@ class Driver:
         )
 
     async def _start_services(self) -> tuple[RolloutGroup, LearnerGroup]:
-        """The tool pool and the judge, then the rollout group and the learner group at once where they may
-        (orchestration/startup.py). The pool comes first: Serve's proxy binds its port as it starts, and a
-        port chosen free could be taken by a process starting beside it."""
-        from cluster.metrics import metrics_run
+        """Serve, then the tool pool's and the judge's applications followed by the rollout group, beside the
+        learner group where they may start at once (orchestration/startup.py). Serve comes first: its proxy
+        binds its port as it starts, and a port chosen free could be taken by a process starting beside it."""
         from orchestration.startup import start_groups
+        from serve_apps.tool_pool import serve_pool_at
+
+        print("deploying the MCP tool pool on Ray Serve", flush=True)
+        at = serve_pool_at(self.cfg.tools)
+        rollout, learner = await start_groups(self.cfg, lambda: self._start_rollout(at), self._start_learner)
+        return rollout, learner
+
+    async def _start_rollout(self, at: ServeAddress) -> RolloutGroup:
+        """The tool pool's and the judge's applications (Serve is up at `at`), then the rollout group over
+        them, started."""
+        from actors.engine_api import weight_push
+        from cluster.metrics import metrics_run
+        from orchestration.rollout_group import RolloutGroup
         from serve_apps.tool_pool import deploy_pool
 
         cfg, up = self.cfg, self.services
-        print("deploying the MCP tool pool on Ray Serve", flush=True)
-        up.pool = deploy_pool(cfg.tools, metrics_run(cfg))
-        up.judge = start_judge(cfg)
-        rollout, learner = await start_groups(cfg, self._start_rollout, self._start_learner)
-        return rollout, learner
-
-    async def _start_rollout(self) -> RolloutGroup:
-        """The rollout group over the tool pool and the judge, started."""
-        from actors.engine_api import weight_push
-        from orchestration.rollout_group import RolloutGroup
-
-        cfg, up = self.cfg, self.services
+        # Serve's calls block: on threads, so the learner's start goes on meanwhile.
+        up.pool = await asyncio.to_thread(deploy_pool, cfg.tools, metrics_run(cfg), at)
+        up.judge = await asyncio.to_thread(start_judge, cfg)
         print(
             f"starting {cfg.rollout.engines} rollout engine(s) and {cfg.rollout.runners} runner(s); "
             f"policy push: {weight_push(cfg)}",

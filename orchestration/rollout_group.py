@@ -123,28 +123,25 @@ class RolloutGroup(PolicyPushes):
             for i in range(r.engines):  # one at a time: a failed start shuts down those already started
                 name = actor_name(self.cfg.run_name, "engine", i)
                 self.engines.append(start_named(remote_class(EngineHost), name, self._engine_options(i), self.cfg, i))
-            # Engines sharing a node share its cores: rank them per node before they start.
-            nodes = await self._within(
-                asyncio.gather(*(h.node.remote() for h in self.engines)), f"starting {r.engines} engine actor(s)"
-            )
-            per_node, seen = Counter(nodes), Counter[str]()
-            for node in nodes:
-                self.ranks.append((seen[node], per_node[node]))
-                seen[node] += 1
-            self.placements = await self._within(
-                asyncio.gather(*(h.start.remote(k, n) for h, (k, n) in zip(self.engines, self.ranks, strict=True))),
-                f"starting {r.engines} engine(s)",
-            )
-            await self._within(asyncio.gather(*(self._warm_up(h) for h in self.engines)), "warm-up requests")
+            # The runners boot (a process, its imports, the tokenizer) while the engines start: a runner calls
+            # no engine before its first episode, and booting one after the other cost seconds of every start.
             for i in range(r.runners):
                 name = actor_name(self.cfg.run_name, "runner", i)
                 self.runners.append(
                     start_named(remote_class(RunnerHost), name, self._runner_options(), *self._runner_args())
                 )
-            await self._within(
-                asyncio.gather(*(h.stats.remote() for h in self.runners)),
-                f"placing {r.runners} runner actor(s) ({r.runner_resources.describe()} each)",
+            runners_up = asyncio.ensure_future(
+                self._within(
+                    asyncio.gather(*(h.stats.remote() for h in self.runners)),
+                    f"placing {r.runners} runner actor(s) ({r.runner_resources.describe()} each)",
+                )
             )
+            try:
+                await self._start_engines()
+                await runners_up
+            finally:
+                if not runners_up.done():
+                    runners_up.cancel()
         except BaseException:
             await self.shutdown()
             raise
@@ -153,6 +150,23 @@ class RolloutGroup(PolicyPushes):
             for p in self.placements
         )
         log.info("rollout group: %d engine(s) (%s), %d runner(s)", len(self.engines), engines, len(self.runners))
+
+    async def _start_engines(self) -> None:
+        """Start the engine actors created (ranked per node: engines sharing a node share its cores), then
+        warm each up."""
+        count = len(self.engines)
+        nodes = await self._within(
+            asyncio.gather(*(h.node.remote() for h in self.engines)), f"starting {count} engine actor(s)"
+        )
+        per_node, seen = Counter(nodes), Counter[str]()
+        for node in nodes:
+            self.ranks.append((seen[node], per_node[node]))
+            seen[node] += 1
+        self.placements = await self._within(
+            asyncio.gather(*(h.start.remote(k, n) for h, (k, n) in zip(self.engines, self.ranks, strict=True))),
+            f"starting {count} engine(s)",
+        )
+        await self._within(asyncio.gather(*(self._warm_up(h) for h in self.engines)), "warm-up requests")
 
     def _engine_options(self, i: int) -> dict[str, Any]:
         """Engine i's actor options: its resources, inside its own placement group."""

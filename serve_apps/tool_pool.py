@@ -438,20 +438,31 @@ class ServeToolPool(ToolPool):
         _log_end_faults(episode_id, names, outcomes)
 
 
-def deploy_pool(cfg: ToolsConfig, metrics_run: str | None = None) -> ServeToolPool:
-    """Deploy every enabled server as its own Serve application; Ray must be up already. `metrics_run`:
-    the replicas record tool latency and errors as Ray metrics tagged with this run (None: they don't)."""
-    from ray import serve
-
+def serve_pool_at(cfg: ToolsConfig) -> ServeAddress:
+    """Start Serve where the pool should listen (or find it running) and check the pool may serve there; Ray
+    must be up already. Where Serve really listens: a running Serve keeps the address it started with."""
     token = check_http_security(cfg)
-    host, port, started = start_serve(cfg.http, "the MCP tool pool serves")
-    if not started and (host, port) != (cfg.http.host, cfg.http.port):
+    at = start_serve(cfg.http, "the MCP tool pool serves")
+    if not at.started and (at.host, at.port) != (cfg.http.host, cfg.http.port):
         log.warning(
             "Serve was already running on %s:%s; tools.http asks %s:%s, which applies only when Serve starts",
-            host, port, cfg.http.host, cfg.http.port,
+            at.host, at.port, cfg.http.host, cfg.http.port,
         )  # fmt: skip
-    if host not in LOOPBACK_HOSTS and not token:
-        raise ValueError(f"Serve already listens on {host}:{port}, beyond loopback: the pool needs a bearer token")
+    if at.host not in LOOPBACK_HOSTS and not token:
+        where = f"{at.host}:{at.port}"
+        raise ValueError(f"Serve already listens on {where}, beyond loopback: the pool needs a bearer token")
+    return at
+
+
+def deploy_pool(cfg: ToolsConfig, metrics_run: str | None = None, at: ServeAddress | None = None) -> ServeToolPool:
+    """Deploy every enabled server as its own Serve application; Ray must be up already. `metrics_run`:
+    the replicas record tool latency and errors as Ray metrics tagged with this run (None: they don't).
+    `at`: what `serve_pool_at` returned, for a caller that started Serve first (jobs.train: its proxy takes
+    its port before the learners start beside the applications' deployment); None starts it here."""
+    from ray import serve
+
+    host, port, _ = at or serve_pool_at(cfg)
+    token = check_http_security(cfg)
     specs = server_specs(cfg, metrics_run)
     targets = [
         serve.RunTarget(_app_for(s, token), name=APP_PREFIX + s.name, route_prefix=f"/mcp/{s.name}") for s in specs
