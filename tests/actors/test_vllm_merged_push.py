@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+from typing import Any
 
 import pytest
 import torch
@@ -39,24 +40,30 @@ def chosen_logprobs(model: torch.nn.Module, prompt: list[int], tokens: list[int]
     return torch.log_softmax(logits, -1).gather(1, torch.tensor(tokens)[:, None])[:, 0]
 
 
+def changed_learner(cfg: Config) -> tuple[Any, torch.nn.Module]:
+    """A LoRA learner whose adapter really changes the model (PEFT starts B at 0), and PEFT's merged model."""
+    from actors.learner import Learner
+
+    learner = Learner(cfg)
+    learner.setup()
+    with torch.no_grad():
+        for name, p in learner.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(len(name)))
+    return learner, copy.deepcopy(learner.model).merge_and_unload().float()
+
+
 async def test_merged_push_serves_the_merged_model(capfd: pytest.CaptureFixture[str]) -> None:
     from actors.engine_api import weight_push
     from actors.engines import make_engine
-    from actors.learner import Learner
     from actors.models import load_causal_lm
 
     cfg = merged_config()
     assert weight_push(cfg) == "merged"  # auto: vLLM on CPU
     assert weight_push(merged_config("adapter")) == "adapter"
-    learner = Learner(cfg)
-    learner.setup()
-    with torch.no_grad():  # a LoRA that really changes the model (PEFT starts B at 0)
-        for name, p in learner.model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(len(name)))
+    learner, merged = changed_learner(cfg)
     chunks = learner.export_weights()
     assert chunks is not None
-    merged = copy.deepcopy(learner.model).merge_and_unload().float()
     base = load_causal_lm(Config().model).float()
 
     engine = make_engine(cfg)
@@ -89,12 +96,15 @@ async def test_merged_push_serves_the_merged_model(capfd: pytest.CaptureFixture[
 
 async def test_seeded_requests_beyond_one_batch_do_not_kill_the_cpu_engine() -> None:
     """More prompt tokens in flight than one engine step takes, every request seeded: vLLM would prefill
-    some in chunks and rewind their seeded generators, which kills a CPU engine; ours waits instead."""
+    some in chunks and rewind their seeded generators, which kills a CPU engine; ours waits instead. Then,
+    on the same engine (started with LoRA), the adapter through LoRA generates as PEFT's merged model does:
+    with the test above, what the merged push serves is what LoRA serves (jobs.evaluate merges on CPU)."""
     import asyncio
 
     from actors.vllm_engine import VLLMEngine
 
-    engine = VLLMEngine(merged_config("adapter"))
+    cfg = merged_config("adapter")
+    engine = VLLMEngine(cfg)
     await engine.start()
     try:
         prompts = [[100 + (i * 37 + j) % 40_000 for j in range(300)] for i in range(40)]  # 12,000 tokens
@@ -103,5 +113,10 @@ async def test_seeded_requests_beyond_one_batch_do_not_kill_the_cpu_engine() -> 
               for i, p in enumerate(prompts))
         )  # fmt: skip
         assert all(len(o.token_ids) == 4 for o in outs)
+        learner, merged = changed_learner(cfg)
+        await engine.load_adapter(1, learner.export_adapter())
+        out = await engine.generate(PROMPT, SAMPLING)
     finally:
         await engine.shutdown()
+    got, want = torch.tensor(out.logprobs), chosen_logprobs(merged, PROMPT, out.token_ids)
+    assert out.version == 1 and torch.allclose(got, want, atol=0.15), (got.tolist(), want.tolist())
