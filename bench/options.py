@@ -120,11 +120,12 @@ class ScaleOptions(Section):
         return self
 
     def smoke(self) -> ScaleOptions:
-        """`--quick`: the smallest sizes that still run every sweep: 2 jobs.train processes (G 2 and 4 at 1 task
-        per step; the G=2 point is also the tasks-per-step sweep's one point), 2 tasks x 4 episodes a mode."""
+        """`--quick`: the smallest sizes that still run every sweep: 1 jobs.train process (G 2 at 1 task per step,
+        each sweep's one point: a curve's second point and the row comparing them are the same code over more
+        points, tested in-process), 2 tasks x 4 episodes a mode."""
         return self.model_copy(
             update={
-                "group_sizes": [2, 4],
+                "group_sizes": [2],
                 "tasks_per_step": [1],
                 "sweep_tasks": 1,
                 "sweep_group": 2,

@@ -114,7 +114,22 @@ def step_sweeps(s: ScaleOptions, repeats: int, console: Console) -> tuple[list[R
             )
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    rows, curves = step_figures(s, measured)
+    report = {
+        "config": s.train_config,
+        "steps_per_point": steps,
+        "points": {f"G={g},tasks={b}": measured[(g, b)] for g, b in points},
+    }
+    return rows, curves, report
 
+
+def step_figures(
+    s: ScaleOptions, measured: dict[tuple[int, int], dict[str, list[float]]]
+) -> tuple[list[Row], list[Curve]]:
+    """Sweep 1's curves (each read from the points on its line) and its rows (the largest point of a line
+    against its smallest), from each (G, tasks) point's measured figures."""
+    g_line = [(g, s.sweep_tasks) for g in s.group_sizes]
+    b_line = [(s.sweep_group, b) for b in s.tasks_per_step]
     curves, rows = [], []
     for line, x_of, label, fixed in (
         (g_line, lambda p: p[0], "group size G", f"{s.sweep_tasks} tasks/step"),
@@ -148,12 +163,7 @@ def step_sweeps(s: ScaleOptions, repeats: int, console: Console) -> tuple[list[R
                     f"{label} {x_of(lo)}",
                 )
             )
-    report = {
-        "config": s.train_config,
-        "steps_per_point": steps,
-        "points": {f"G={g},tasks={b}": measured[(g, b)] for g, b in points},
-    }
-    return rows, curves, report
+    return rows, curves
 
 
 # --------------------------------------------------------------------------- 2. async vs lockstep on vLLM

@@ -40,23 +40,21 @@ def test_scale_quick_writes_sensible_figures(tmp_path: Path) -> None:
         assert (tmp_path / f"scale.{ext}").stat().st_size > 0
     doc = json.loads((tmp_path / "scale.json").read_text())
 
-    # Sweep 1: both curves of seconds per step (step, rollout, train) and of episodes/s, at the smoke sizes.
+    # Sweep 1: both curves of seconds per step (step, rollout, train) and of episodes/s, at the smoke size's one
+    # point (G=2, 1 task a step: one jobs.train process); curves of more points are test_step_figures'.
     curves = {c["title"].split(" (")[0]: c for c in doc["curves"]}
-    for axis, xs in (("group size G", [2, 4]), ("tasks per step", [1])):
+    for axis in ("group size G", "tasks per step"):
         seconds = curves[f"seconds per GRPO step against {axis}"]
         assert set(seconds["series"]) == {"step", "rollout", "train"}
         for name, points in seconds["series"].items():
-            assert [x for x, _ in points] == xs, (axis, name)
+            assert [x for x, _ in points] == [2 if axis == "group size G" else 1], (axis, name)
             assert all(v > 0 and math.isfinite(v) for _, s in points for v in finite_values(s))
-        step = {x: s["median"] for x, s in seconds["series"]["step"]}
-        parts = {x: s["median"] for x, s in seconds["series"]["rollout"]}
-        assert all(parts[x] < step[x] for x in xs)  # a phase of a step is shorter than the step
+        (step,), (rollout,) = seconds["series"]["step"], seconds["series"]["rollout"]
+        assert rollout[1]["median"] < step[1]["median"]  # a phase of a step is shorter than the step
         eps = curves[f"episodes/s against {axis}"]["series"]["episodes/s"]
         assert all(v > 0 and math.isfinite(v) for _, s in eps for v in finite_values(s))
-    points = doc["report"]["step_time"]["points"]
-    assert points["G=2,tasks=1"]["episodes"] == [2.0] and points["G=4,tasks=1"]["episodes"] == [4.0]
-    g_row = rows_by_figure(doc)["episodes/s, group size G 4 vs 2"]
-    assert g_row["baseline_name"] == "group size G 2" and g_row["ratio"] > 0
+    assert doc["report"]["step_time"]["points"].keys() == {"G=2,tasks=1"}
+    assert doc["report"]["step_time"]["points"]["G=2,tasks=1"]["episodes"] == [2.0]
 
     # Sweep 2: async against lockstep on vLLM, both modes repeated, the same episodes played by each.
     rows = rows_by_figure(doc)
@@ -108,4 +106,32 @@ def test_scale_options_name_the_bad_key() -> None:
     with pytest.raises(ConfigError, match=r"scale\.group_sizes"):
         BenchOptions.parse({"suite": "scale"}, ["scale.group_sizes=[]"])
     quick = BenchOptions.parse({"suite": "scale", "quick": True}).scale.smoke()
-    assert quick.group_sizes == [2, 4] and quick.tasks_per_step == [1]
+    assert quick.group_sizes == [2] and quick.tasks_per_step == [1]
+
+
+def test_step_figures_read_each_curve_from_its_line_and_compare_its_ends() -> None:
+    """Sweep 1's figures over more points than the smoke run has: the G line at the sweep's tasks a step, the
+    tasks line at the sweep's G (the point both share measured once), and a row for each line of two points
+    or more, its largest point against its smallest."""
+    from bench.scale import step_figures
+
+    s = BenchOptions.parse({"suite": "scale"}, ["scale.group_sizes=[2,8,4]", "scale.tasks_per_step=[1,2]"]).scale
+    s = s.model_copy(update={"sweep_tasks": 1, "sweep_group": 4})
+
+    def figures(g: int, b: int) -> dict[str, list[float]]:
+        step = 0.1 * g * b
+        return {"step": [step], "rollout": [step / 2], "train": [step / 4], "episodes_per_s": [g * b / step - g]}
+
+    measured = {p: figures(*p) for p in [(2, 1), (8, 1), (4, 1), (4, 2)]}
+    rows, curves = step_figures(s, measured)
+    by_title = {c.title.split(" (")[0]: c for c in curves}
+    g_curve = by_title["seconds per GRPO step against group size G"].series
+    assert [x for x, _ in g_curve["step"]] == [2, 4, 8]  # sorted by x
+    assert [sp.median for _, sp in g_curve["rollout"]] == pytest.approx([0.1, 0.2, 0.4])
+    b_curve = by_title["episodes/s against tasks per step"].series["episodes/s"]
+    assert [(x, sp.median) for x, sp in b_curve] == [(1, pytest.approx(6.0)), (2, pytest.approx(6.0))]
+    by_figure = {r.figure.split(" (")[0]: r for r in rows}
+    assert set(by_figure) == {"episodes/s, group size G 8 vs 2", "episodes/s, tasks per step 2 vs 1"}
+    g_row = by_figure["episodes/s, group size G 8 vs 2"]
+    assert g_row.baseline_name == "group size G 2"
+    assert g_row.ours.median == pytest.approx(2.0) and g_row.baseline.median == pytest.approx(8.0)
