@@ -1,5 +1,5 @@
 """Shared, expensive fixtures: one embedded Ray per test session, a loopback S3 server per module, rule tasks made
-once per session."""
+once per session, one vLLM OpenAI server for the tests that ask for it."""
 
 from __future__ import annotations
 
@@ -132,6 +132,26 @@ def rule_tasks(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., list[d
     return rows
 
 
+_VLLM = contextlib.ExitStack()  # the shared vLLM server, stopped after the last test that uses it
+
+
+@pytest.fixture(scope="session")
+def vllm_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real vLLM OpenAI server (tests/vllm_server.py) shared by every test that asks for it (the judge's and the
+    task generator's, in two folders: one start, ~40 s, instead of one per module). Those tests run one after
+    another (pytest_collection_modifyitems) and the server stops after the last of them (pytest_runtest_teardown),
+    so its ~4 GB are not held beside the rest of the session."""
+    from tests.vllm_server import vllm_server
+
+    yield _VLLM.enter_context(vllm_server(tmp_path_factory.mktemp("vllm")))
+    _VLLM.close()
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    if "vllm_url" in getattr(item, "fixturenames", ()) and "vllm_url" not in getattr(nextitem, "fixturenames", ()):
+        _VLLM.close()
+
+
 def generate_tasks(argv: list[str]) -> None:
     """jobs.generate_tasks' steps after its process set-up, on a thread of their own (its event loop must
     not be this one's: pytest-asyncio's session loop may be current here)."""
@@ -147,7 +167,13 @@ def generate_tasks(argv: list[str]) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Whatever starts the session's Ray is slow: `make test-fast` (-m "not slow") leaves it out."""
+    """Whatever starts the session's Ray is slow: `make test-fast` (-m "not slow") leaves it out. The tests of the
+    shared vLLM server run one after another, where the first of them stands."""
     for item in items:
         if "ray_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
+    on_vllm = [i for i, item in enumerate(items) if "vllm_url" in getattr(item, "fixturenames", ())]
+    if on_vllm:
+        moved = [items[i] for i in on_vllm]
+        rest = [item for i, item in enumerate(items) if i not in set(on_vllm)]
+        items[:] = rest[: on_vllm[0]] + moved + rest[on_vllm[0] :]

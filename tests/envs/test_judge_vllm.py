@@ -14,17 +14,11 @@ import pytest
 
 from envs.judge import SCORE_NAMES, Judge, reward_range
 from tests.envs.judge_fixtures import ACTION, GROUND_TRUTH, judge_config, task_messages
-from tests.vllm_server import MODEL, requires_vllm, vllm_server
+from tests.vllm_server import MODEL, requires_vllm
 
 pytestmark = [pytest.mark.slow, requires_vllm]
 
 RANGES = {"tool_choice": (0, 1), "arguments": (0, 1), "progress": (-1, 1)}
-
-
-@pytest.fixture(scope="module")
-def vllm_url(tmp_path_factory) -> str:
-    with vllm_server(tmp_path_factory.mktemp("vllm")) as url:
-        yield url
 
 
 async def test_structured_judge_output_through_vllm(vllm_url: str, tmp_path: Path):

