@@ -240,17 +240,19 @@ def _ray_up(cfg: Any) -> Iterator[None]:
 
 
 def _config(opts: BenchOptions) -> Any:
+    """The config both sweeps start from (each takes a copy): one port for Serve's proxy, free now, so that
+    it does not collide with another pool on this machine, and so that the second sweep's pool asks for the
+    port Serve already listens on."""
     from cluster.ports import free_port
     from configs.loader import load_config
 
-    # A free port: Serve's proxy must not collide with another pool on this machine.
     return load_config(opts.config, [f"tools.http.port={free_port()}"])
 
 
 # --------------------------------------------------------------------------- 1. tool pool vs replicas
 
 
-def tool_pool_sweep(opts: BenchOptions, console: Console) -> dict[str, Any]:
+def tool_pool_sweep(opts: BenchOptions, console: Console, cfg: Any) -> dict[str, Any]:
     """Python-tool calls/s per replica count, each count once per repeat, alternating order."""
     from bench.tools import CPU_BOUND_CODE, QUICK_CODE, bench_python_replicas
     from serve_apps.tool_pool import deploy_pool, undeploy_pool
@@ -259,7 +261,6 @@ def tool_pool_sweep(opts: BenchOptions, console: Console) -> dict[str, Any]:
     code = QUICK_CODE if opts.quick else CPU_BOUND_CODE
     calls = min(opts.cplane.python_calls, 3) if opts.quick else opts.cplane.python_calls
     concurrency = 2 * max(replicas)
-    cfg = _config(opts)
     for name in ("polygon", "fmp", "tavily", "slack"):
         getattr(cfg.tools.servers, name).enabled = False
     py = cfg.tools.servers.python
@@ -381,8 +382,7 @@ async def _control_plane(opts: BenchOptions, cfg: Any, rows: list[dict[str, Any]
     }
 
 
-def control_plane_sweep(opts: BenchOptions, console: Console) -> dict[str, Any]:
-    cfg = _config(opts)
+def control_plane_sweep(opts: BenchOptions, console: Console, cfg: Any) -> dict[str, Any]:
     cfg.tools.servers.python.enabled = False  # its sandbox's throughput is sweep 1's, not the control plane's
     cfg.rollout.max_total_tokens = 32768  # expert episodes end 'done', never on the budget
     cfg.rollout.max_model_len = 32768
@@ -495,9 +495,10 @@ def figures(tp: dict[str, Any], cp: dict[str, Any]) -> tuple[list[Row], list[Cur
 def sweeps(opts: BenchOptions, console: Console) -> tuple[list[Row], list[Curve], dict, list[str]]:
     """Both sweeps: (rows, curves, a JSON-able report, notes). Brings Ray up unless it is up already; deploys
     (and removes) the tool pool's `mcp-*` Serve applications, so call it with no pool deployed."""
-    with _ray_up(_config(opts)):
-        tp = tool_pool_sweep(opts, console)
-        cp = control_plane_sweep(opts, console)
+    cfg = _config(opts)
+    with _ray_up(cfg):
+        tp = tool_pool_sweep(opts, console, cfg.model_copy(deep=True))
+        cp = control_plane_sweep(opts, console, cfg.model_copy(deep=True))
     rows, curves, notes = figures(tp, cp)
     return rows, curves, {"tool_pool": tp, "control_plane": cp}, notes
 
