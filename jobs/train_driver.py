@@ -6,10 +6,12 @@ the final checkpoint, evaluation and report; then close."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
 import math
+import re
 import shlex
 import shutil
 import time
@@ -59,6 +61,12 @@ def resume_command(config: str | None, overrides: list[str]) -> str:
 
 class RunStopped(RuntimeError):
     """The run cannot go on in this process; the message says why and how to resume it."""
+
+
+def actor_died(error: Exception) -> str:
+    """'actor NAME died', from Ray's many-line error about an actor's death (its first line without a name)."""
+    named = re.search(r"\bname: (\S+)", str(error))
+    return f"actor {named.group(1)} died" if named else str(error).splitlines()[0]
 
 
 def step_seed(cfg: Config, step: int, salt: int = 0) -> int | None:
@@ -111,10 +119,15 @@ class Driver:
 
     async def run(self) -> dict[str, Any]:
         """The job, phase by phase."""
+        from ray.exceptions import RayActorError
+
         t_start = time.perf_counter()
         opened = self._open()
         self.tracker, self.monitor, self.sampler = opened.tracker, opened.monitor, opened.sampler
-        self.rollout, self.learner = await self._start_services()
+        try:
+            self.rollout, self.learner = await self._start_services()
+        except RayActorError as e:  # killed while starting (a fault, a lost node): nothing to rebuild yet
+            raise RunStopped(f"{actor_died(e)} while the run's services started. {RESUME_HINT}{self.resume_cmd}") from e
         if opened.checkpoint is not None:
             await self._resume(opened.checkpoint)
         else:
@@ -179,9 +192,21 @@ class Driver:
         from serve_apps.tool_pool import deploy_pool
 
         cfg, up = self.cfg, self.services
-        # Serve's calls block: on threads, so the learner's start goes on meanwhile.
-        up.pool = await asyncio.to_thread(deploy_pool, cfg.tools, metrics_run(cfg), at)
-        up.judge = await asyncio.to_thread(start_judge, cfg)
+
+        def deploy() -> None:
+            up.pool = deploy_pool(cfg.tools, metrics_run(cfg), at)
+            up.judge = start_judge(cfg)
+
+        # Serve's calls block: on a thread, so the learner's start goes on meanwhile. A thread cannot be
+        # cancelled: a run cancelled mid-deployment (SIGTERM) waits for it (seconds), so that close() finds and
+        # removes what it deployed.
+        deploying = asyncio.ensure_future(asyncio.to_thread(deploy))
+        try:
+            await asyncio.shield(deploying)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await deploying
+            raise
         print(
             f"starting {cfg.rollout.engines} rollout engine(s) and {cfg.rollout.runners} runner(s); "
             f"policy push: {weight_push(cfg)}",

@@ -37,6 +37,7 @@ the budget is spent an engine stays dead and a lost runner is a `RolloutGroupErr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import Counter
 from collections.abc import Sequence
@@ -138,10 +139,12 @@ class RolloutGroup(PolicyPushes):
             )
             try:
                 await self._start_engines()
-                await runners_up
-            finally:
-                if not runners_up.done():
-                    runners_up.cancel()
+            except BaseException:
+                runners_up.cancel()
+                with contextlib.suppress(BaseException):  # its own failure, if any, is not the one to report
+                    await runners_up
+                raise
+            await runners_up
         except BaseException:
             await self.shutdown()
             raise
