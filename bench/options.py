@@ -16,11 +16,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from configs.loader import ConfigError, apply_override, format_errors, load_config, parse_override
 from configs.schema import Config
 
-SUITES = ("tools", "env", "prompt", "rollout", "train", "job", "e2e", "scale", "cplane", "gpu", "learning")
-Suite = Literal["tools", "env", "prompt", "rollout", "train", "job", "e2e", "scale", "cplane", "gpu", "learning", "all"]
+SUITES = ("tools", "env", "prompt", "rollout", "train", "job", "e2e", "scale", "cplane", "gpu", "learning", "chaos")
+Suite = Literal[
+    "tools", "env", "prompt", "rollout", "train", "job", "e2e", "scale", "cplane", "gpu", "learning", "chaos", "all"
+]
 # cplane runs inside scale; gpu is for a GPU box (its 1.7B shape crawls on a CPU); learning is 6 whole demo
-# runs (~2 h on a 2-core CPU)
-NOT_IN_ALL = ("cplane", "gpu", "learning")
+# runs (~2 h on a 2-core CPU); chaos counts what faults cost, not speed
+NOT_IN_ALL = ("cplane", "gpu", "learning", "chaos")
 
 
 class Section(BaseModel):
@@ -192,6 +194,26 @@ class LearningOptions(Section):
         return self.model_copy(update={k: v for k, v in quick.items() if k not in self.model_fields_set})
 
 
+class ChaosOptions(Section):
+    """Suite `chaos`: ci-tiny runs under a seeded schedule of faults, against one unbroken run (bench/chaos.py)."""
+
+    seeds: list[int] = Field(list(range(10)), description="one run under faults per seed (the seed draws its moments)")
+    steps: int = Field(6, ge=2, description="GRPO steps of every run (a checkpoint after each)")
+    run_timeout_s: float = Field(900.0, gt=0, description="a run not finished by then counts as hung")
+    adapter_atol: float = Field(1e-6, ge=0, description="how far a final adapter may be from the unbroken run's")
+
+    @model_validator(mode="after")
+    def _check(self) -> ChaosOptions:
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"chaos.seeds {self.seeds}: expected a non-empty list of distinct seeds")
+        return self
+
+    def smoke(self) -> ChaosOptions:
+        """`--quick`: one seed and 3 steps, where `--set` did not choose."""
+        quick = {"seeds": [0], "steps": 3}
+        return self.model_copy(update={k: v for k, v in quick.items() if k not in self.model_fields_set})
+
+
 class BenchOptions(Section):
     suite: Suite = "tools"
     repeats: int = Field(3, ge=1, description="each side-by-side comparison is repeated this many times")
@@ -208,6 +230,7 @@ class BenchOptions(Section):
     cplane: CplaneOptions = CplaneOptions()
     gpu: GpuOptions = GpuOptions()
     learning: LearningOptions = LearningOptions()
+    chaos: ChaosOptions = ChaosOptions()
 
     @classmethod
     def parse(cls, fields: dict[str, Any], overrides: list[str] = ()) -> BenchOptions:

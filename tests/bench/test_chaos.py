@@ -1,0 +1,69 @@
+"""Suite `chaos`: its smoke run as a user runs it (a fresh process, --quick: one seed, every fault once), and its
+schedule and counting in-process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.chaos import FAULTS, WINDOW, count_episodes, schedule
+from bench.options import BenchOptions
+from configs.loader import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_chaos_quick_run_meets_every_fault_finishes_and_ends_where_the_unbroken_run_ends(tmp_path: Path) -> None:
+    env = os.environ | {"HF_HUB_OFFLINE": "1"}
+    env.pop("RAY_ADDRESS", None)  # the suite starts its own Ray
+    cmd = [sys.executable, "-m", "bench", "--suite", "chaos", "--quick", "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads((tmp_path / "chaos.json").read_text())
+    report = doc["report"]
+    s = report["summary"]
+    assert s["runs"] == s["finished"] == 1 and s["failed"] == 0, report["runs"]
+    assert s["episodes_lost"] == 0 and s["episodes_duplicated"] == 0
+    assert s["adapters_equal"] == 1, report["runs"]  # exact resume: the faults change nothing the run learns
+    (run,) = report["runs"]
+    assert set(run["struck"]) | set(run["not_struck"]) == set(FAULTS) == set(run["faults"])
+    assert ("stop" in run["resumes"]) == ("stop" in run["struck"])
+    unbroken = report["unbroken"]
+    assert unbroken["struck"] == {} and unbroken["resumes"] == [] and unbroken["lost"] == unbroken["duplicated"] == 0
+    assert all(WINDOW[0] * unbroken["wall_s"] <= at <= WINDOW[1] * unbroken["wall_s"] for at in run["faults"].values())
+    assert "runs finished" in proc.stdout and (tmp_path / "chaos.md").stat().st_size > 0
+
+
+def test_the_schedule_is_the_seeds_and_falls_in_the_window() -> None:
+    a, b = schedule(3, 100.0), schedule(3, 100.0)
+    assert a == b and set(a) == set(FAULTS)
+    assert all(WINDOW[0] * 100 <= at <= WINDOW[1] * 100 for at in a.values())
+    assert schedule(4, 100.0) != a
+
+
+def test_episodes_lost_and_duplicated_are_counted_per_step(tmp_path: Path) -> None:
+    rows = [
+        {"step": 1, "rollout/episodes": 4.0},
+        {"step": 1, "train/policy_loss": 0.1},  # a step's other rows do not count
+        {"step": 2, "rollout/episodes": 3.0},  # one lost
+        {"step": 3, "rollout/episodes": 4.0},
+        {"step": 3, "rollout/episodes": 4.0},  # step 3 logged twice: 4 duplicated
+        {"step": 5, "rollout/episodes": 4.0},  # beyond the run's steps: duplicated; step 4 missing: lost
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert count_episodes(tmp_path, steps=4, per_step=4) == {"lost": 5, "duplicated": 8, "steps_logged": 5}
+
+
+def test_chaos_options_name_the_bad_key() -> None:
+    with pytest.raises(ConfigError, match=r"chaos\.seeds"):
+        BenchOptions.parse({"suite": "chaos"}, ["chaos.seeds=[1,1]"])
+    with pytest.raises(ConfigError, match=r"chaos\.steps"):
+        BenchOptions.parse({"suite": "chaos"}, ["chaos.steps=1"])
+    quick = BenchOptions.parse({"suite": "chaos", "quick": True}, ["chaos.steps=4"]).chaos.smoke()
+    assert quick.seeds == [0] and quick.steps == 4  # --quick keeps what --set chose
