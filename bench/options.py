@@ -28,6 +28,23 @@ NOT_IN_ALL = ("cplane", "gpu", "learning", "chaos")
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    def unless_set(self, sizes: dict[str, Any]) -> Any:
+        """A copy with `sizes` (a suite's `--quick` ones) where `--set` did not choose."""
+        return self.model_copy(update={k: v for k, v in sizes.items() if k not in self.model_fields_set})
+
+
+class SeededSection(Section):
+    """A section run once per seed in `seeds`."""
+
+    seeds: list[int]
+
+    @model_validator(mode="after")
+    def _distinct_seeds(self) -> SeededSection:
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            suite = type(self).__name__.removesuffix("Options").lower()
+            raise ValueError(f"{suite}.seeds {self.seeds}: expected a non-empty list of distinct seeds")
+        return self
+
 
 class CallsOptions(Section):
     calls: int = Field(300, ge=1, description="calls per measurement (suites tools, env, rollout)")
@@ -167,7 +184,7 @@ class GpuOptions(Section):
     seed: int = 0
 
 
-class LearningOptions(Section):
+class LearningOptions(SeededSection):
     """Suite `learning`: per seed, the demo recipe (warm start, then GRPO) against the warm start alone trained
     longer for GRPO's wall time (`--quick`: configs/ci-tiny.yaml, seed 0, its own small steps)."""
 
@@ -181,20 +198,15 @@ class LearningOptions(Section):
         "overrides are unchanged, so the seeds can be run one invocation at a time; false reruns every seed",
     )
 
-    @model_validator(mode="after")
-    def _check(self) -> LearningOptions:
-        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
-            raise ValueError(f"learning.seeds {self.seeds}: expected a non-empty list of distinct seeds")
-        return self
-
     def smoke(self) -> LearningOptions:
         """`--quick`: the tiny random model's recipe and one seed, where `--set` did not choose; one GRPO step
         and 2 evaluation tasks are enough to produce every figure (the SFT-more run is then shorter too)."""
-        quick = {"config": "configs/ci-tiny.yaml", "seeds": [0], "sets": {"train.steps": 1, "train.eval_tasks": 2}}
-        return self.model_copy(update={k: v for k, v in quick.items() if k not in self.model_fields_set})
+        return self.unless_set(
+            {"config": "configs/ci-tiny.yaml", "seeds": [0], "sets": {"train.steps": 1, "train.eval_tasks": 2}}
+        )
 
 
-class ChaosOptions(Section):
+class ChaosOptions(SeededSection):
     """Suite `chaos`: ci-tiny runs under a seeded schedule of faults, against one unbroken run (bench/chaos.py)."""
 
     seeds: list[int] = Field(list(range(10)), description="one run under faults per seed (the seed draws its moments)")
@@ -202,16 +214,9 @@ class ChaosOptions(Section):
     run_timeout_s: float = Field(900.0, gt=0, description="a run not finished by then counts as hung")
     adapter_atol: float = Field(1e-6, ge=0, description="how far a final adapter may be from the unbroken run's")
 
-    @model_validator(mode="after")
-    def _check(self) -> ChaosOptions:
-        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
-            raise ValueError(f"chaos.seeds {self.seeds}: expected a non-empty list of distinct seeds")
-        return self
-
     def smoke(self) -> ChaosOptions:
         """`--quick`: one seed and 3 steps, where `--set` did not choose."""
-        quick = {"seeds": [0], "steps": 3}
-        return self.model_copy(update={k: v for k, v in quick.items() if k not in self.model_fields_set})
+        return self.unless_set({"seeds": [0], "steps": 3})
 
 
 class BenchOptions(Section):
