@@ -29,7 +29,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import free_port
+from cluster.ports import free_port
 
 MODEL = "smollm2-135m-instruct"
 START_TIMEOUT_S = 300  # usually ~25 s with --enforce-eager on 2 cores
