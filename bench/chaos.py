@@ -5,7 +5,8 @@
 First one unbroken run: configs/ci-tiny.yaml for `chaos.steps` GRPO steps, a checkpoint after each, no warm
 start and no evaluation, one request per engine batch (tokens then depend only on weights, prompt and seed).
 Then, per seed, the same run while a schedule drawn from the seed strikes each fault once, at a moment
-uniform over [5%, 85%] of the unbroken run's wall time:
+uniform over the unbroken run's training (from the moment its services were up to 90% of its wall time; a
+fault after a stop meets the resumed run's own start):
 
 - `engine`: ray.kill of rollout engine 0 (the rollout group starts another, with the current policy, and
   plays the episodes it held again);
@@ -47,7 +48,7 @@ from bench.results import Row, SuiteResult, spread
 from cluster.local_cluster import ROOT
 
 FAULTS = ("engine", "runner", "learner", "tool", "stop")
-WINDOW = (0.05, 0.85)  # the share of the unbroken run's wall time a fault is drawn in
+WINDOW = (0.0, 0.9)  # where a fault falls in the unbroken run's training: from its services up to near its end
 TOOL_APP = "mcp-polygon"
 RESUME = "python -m bench --suite chaos (resumed in-process)"
 
@@ -76,10 +77,12 @@ def chaos_config(o: ChaosOptions, root: Path, name: str) -> Any:
     )
 
 
-def schedule(seed: int, unbroken_s: float) -> dict[str, float]:
-    """Each fault's moment (seconds after the run's start), drawn from the seed."""
+def schedule(seed: int, up_s: float, wall_s: float) -> dict[str, float]:
+    """Each fault's moment (seconds after the run's start), drawn from the seed within WINDOW of the unbroken
+    run's training: from `up_s`, when its services were up, to its end at `wall_s`."""
     rng = random.Random(seed)
-    return {kind: round(rng.uniform(*WINDOW) * unbroken_s, 2) for kind in FAULTS}
+    lo, hi = (up_s + share * (wall_s - up_s) for share in WINDOW)
+    return {kind: round(rng.uniform(lo, hi), 2) for kind in FAULTS}
 
 
 def _target(kind: str, cfg: Any, run_dir: Path) -> Any | None:
@@ -133,6 +136,8 @@ async def _play(
         try:
             while not task.done():
                 now = time.monotonic()
+                if "services_up_s" not in record and hasattr(driver, "learner"):  # set once both groups are up
+                    record["services_up_s"] = round(now - t0, 2)
                 if now - t0 > timeout_s:
                     raise Hung(f"{cfg.run_name}: not finished in time; faults struck: {record['struck']}")
                 for kind, at in list(pending.items()):
@@ -220,7 +225,7 @@ async def _suite(o: ChaosOptions, root: Path, console: Console) -> dict[str, Any
         if not pf.ok:
             raise RuntimeError(f"chaos: preflight failed: {[f'{c.name}: {c.detail}' for c in pf.failures()]}")
         run_dir = root / "runs" / name
-        faults = {} if seed is None else schedule(seed, unbroken["wall_s"])
+        faults = {} if seed is None else schedule(seed, unbroken["services_up_s"], unbroken["wall_s"])
         with _quiet_logs(root / f"{name}.log"):
             played = await play(cfg, pf, run_dir, faults, o.run_timeout_s)
         played |= {"seed": seed, "faults": faults}
@@ -230,7 +235,10 @@ async def _suite(o: ChaosOptions, root: Path, console: Console) -> dict[str, Any
             if not played["finished"]:
                 raise RuntimeError(f"chaos: the unbroken run did not finish: {played['failure']}")
             unbroken = played
-            console.print(f"unbroken run: {played['wall_s']:.1f} s, {o.steps} steps of {per_step} episodes")
+            console.print(
+                f"unbroken run: {played['wall_s']:.1f} s (services up at {played['services_up_s']:.1f} s), "
+                f"{o.steps} steps of {per_step} episodes"
+            )
             continue
         if played["finished"]:
             played["adapter_max_diff"] = adapter_difference(played["adapter"], unbroken["adapter"])
@@ -296,7 +304,8 @@ def run(opts: BenchOptions, console: Console) -> SuiteResult:
     notes = [
         f"{len(runs)} seed(s), each run {o.steps} GRPO steps of {report['episodes_per_step']} episodes on "
         f"configs/ci-tiny.yaml; faults engine, runner, learner worker, tool replica and stop+resume, each once at a "
-        f"seeded moment in [{WINDOW[0]:.0%}, {WINDOW[1]:.0%}] of the unbroken run's {unbroken_s:.1f} s.",
+        f"seeded moment between the unbroken run's services up ({report['unbroken']['services_up_s']:.1f} s) and "
+        f"{WINDOW[1]:.0%} of its {unbroken_s:.1f} s.",
         f"finished {s['finished']} of {s['runs']}; episodes lost {s['episodes_lost']}, duplicated "
         f"{s['episodes_duplicated']}; final adapters equal to the unbroken run's (max |diff| <= {o.adapter_atol:g}): "
         f"{s['adapters_equal']} of {len(done)}; faults struck {s['faults_struck']} of {s['faults_drawn']} (the rest "

@@ -36,15 +36,16 @@ def test_chaos_quick_run_meets_every_fault_finishes_and_ends_where_the_unbroken_
     assert ("stop" in run["resumes"]) == ("stop" in run["struck"])
     unbroken = report["unbroken"]
     assert unbroken["struck"] == {} and unbroken["resumes"] == [] and unbroken["lost"] == unbroken["duplicated"] == 0
-    assert all(WINDOW[0] * unbroken["wall_s"] <= at <= WINDOW[1] * unbroken["wall_s"] for at in run["faults"].values())
+    up, wall = unbroken["services_up_s"], unbroken["wall_s"]
+    assert 0 < up < wall and all(up <= at <= up + WINDOW[1] * (wall - up) for at in run["faults"].values())
     assert "runs finished" in proc.stdout and (tmp_path / "chaos.md").stat().st_size > 0
 
 
-def test_the_schedule_is_the_seeds_and_falls_in_the_window() -> None:
-    a, b = schedule(3, 100.0), schedule(3, 100.0)
+def test_the_schedule_is_the_seeds_and_falls_in_the_unbroken_runs_training() -> None:
+    a, b = schedule(3, 40.0, 100.0), schedule(3, 40.0, 100.0)
     assert a == b and set(a) == set(FAULTS)
-    assert all(WINDOW[0] * 100 <= at <= WINDOW[1] * 100 for at in a.values())
-    assert schedule(4, 100.0) != a
+    assert all(40 + WINDOW[0] * 60 <= at <= 40 + WINDOW[1] * 60 for at in a.values())
+    assert schedule(4, 40.0, 100.0) != a
 
 
 def test_episodes_lost_and_duplicated_are_counted_per_step(tmp_path: Path) -> None:
