@@ -5,8 +5,9 @@
 First one unbroken run: configs/ci-tiny.yaml for `chaos.steps` GRPO steps, a checkpoint after each, no warm
 start and no evaluation, one request per engine batch (tokens then depend only on weights, prompt and seed).
 Then, per seed, the same run while a schedule drawn from the seed strikes each fault once, at a moment
-uniform over the unbroken run's training (from the moment its services were up to 90% of its wall time; a
-fault after a stop meets the resumed run's own start):
+uniform over its training: an offset in [0, 90%] of the unbroken run's training time (its wall time after its
+services were up), counted from the moment this run's services are up (a later run starts faster than the
+first, warm caches; a fault due after a stop meets the resumed run's own start):
 
 - `engine`: ray.kill of rollout engine 0 (the rollout group starts another, with the current policy, and
   plays the episodes it held again);
@@ -48,7 +49,7 @@ from bench.results import Row, SuiteResult, spread
 from cluster.local_cluster import ROOT
 
 FAULTS = ("engine", "runner", "learner", "tool", "stop")
-WINDOW = (0.0, 0.9)  # where a fault falls in the unbroken run's training: from its services up to near its end
+WINDOW = (0.0, 0.9)  # where a fault falls in a run's training, as shares of the unbroken run's training time
 TOOL_APP = "mcp-polygon"
 RESUME = "python -m bench --suite chaos (resumed in-process)"
 
@@ -77,12 +78,11 @@ def chaos_config(o: ChaosOptions, root: Path, name: str) -> Any:
     )
 
 
-def schedule(seed: int, up_s: float, wall_s: float) -> dict[str, float]:
-    """Each fault's moment (seconds after the run's start), drawn from the seed within WINDOW of the unbroken
-    run's training: from `up_s`, when its services were up, to its end at `wall_s`."""
+def schedule(seed: int, training_s: float) -> dict[str, float]:
+    """Each fault's moment, in seconds after the run's services are up, drawn from the seed within WINDOW of
+    `training_s` (the unbroken run's time from its services up to its end)."""
     rng = random.Random(seed)
-    lo, hi = (up_s + share * (wall_s - up_s) for share in WINDOW)
-    return {kind: round(rng.uniform(lo, hi), 2) for kind in FAULTS}
+    return {kind: round(rng.uniform(*(share * training_s for share in WINDOW)), 2) for kind in FAULTS}
 
 
 def _target(kind: str, cfg: Any, run_dir: Path) -> Any | None:
@@ -125,7 +125,8 @@ async def play(cfg: Any, pf: Any, run_dir: Path, faults: dict[str, float], timeo
 async def _play(
     cfg: Any, pf: Any, run_dir: Path, pending: dict[str, float], t0: float, timeout_s: float, record: dict[str, Any]
 ) -> dict[str, Any]:
-    """The drivers of one run, first and resumed, while the due faults strike (`t0`: the run's start)."""
+    """The drivers of one run, first and resumed, while the due faults strike (`t0`: the run's start; a fault's
+    moment counts from its services up, recorded as `services_up_s`)."""
     import ray
 
     from jobs.train_driver import Driver, RunStopped
@@ -140,8 +141,9 @@ async def _play(
                     record["services_up_s"] = round(now - t0, 2)
                 if now - t0 > timeout_s:
                     raise Hung(f"{cfg.run_name}: not finished in time; faults struck: {record['struck']}")
+                up = record.get("services_up_s")
                 for kind, at in list(pending.items()):
-                    if now - t0 < at:
+                    if up is None or now - t0 < up + at:
                         break  # sorted: the later ones are not due either
                     if kind == "stop":
                         task.cancel()
@@ -225,7 +227,7 @@ async def _suite(o: ChaosOptions, root: Path, console: Console) -> dict[str, Any
         if not pf.ok:
             raise RuntimeError(f"chaos: preflight failed: {[f'{c.name}: {c.detail}' for c in pf.failures()]}")
         run_dir = root / "runs" / name
-        faults = {} if seed is None else schedule(seed, unbroken["services_up_s"], unbroken["wall_s"])
+        faults = {} if seed is None else schedule(seed, unbroken["wall_s"] - unbroken["services_up_s"])
         with _quiet_logs(root / f"{name}.log"):
             played = await play(cfg, pf, run_dir, faults, o.run_timeout_s)
         played |= {"seed": seed, "faults": faults}
@@ -304,8 +306,9 @@ def run(opts: BenchOptions, console: Console) -> SuiteResult:
     notes = [
         f"{len(runs)} seed(s), each run {o.steps} GRPO steps of {report['episodes_per_step']} episodes on "
         f"configs/ci-tiny.yaml; faults engine, runner, learner worker, tool replica and stop+resume, each once at a "
-        f"seeded moment between the unbroken run's services up ({report['unbroken']['services_up_s']:.1f} s) and "
-        f"{WINDOW[1]:.0%} of its {unbroken_s:.1f} s.",
+        f"seeded moment after the run's services are up, within {WINDOW[1]:.0%} of the unbroken run's training time "
+        f"({unbroken_s - report['unbroken']['services_up_s']:.1f} s of its {unbroken_s:.1f} s; struck times in the "
+        "JSON count from each run's start).",
         f"finished {s['finished']} of {s['runs']}; episodes lost {s['episodes_lost']}, duplicated "
         f"{s['episodes_duplicated']}; final adapters equal to the unbroken run's (max |diff| <= {o.adapter_atol:g}): "
         f"{s['adapters_equal']} of {len(done)}; faults struck {s['faults_struck']} of {s['faults_drawn']} (the rest "
