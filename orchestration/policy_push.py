@@ -7,9 +7,10 @@ is part of the latency we measure from here). `push_weights` passes the chunk re
 which Ray does not resolve: the engine awaits them one at a time (`update_weights` awaits
 awaitable chunks), so a large model never sits in one engine twice.
 
-Pushes skip engines known dead and report them; a live engine that fails to load, or reports another
-version afterwards, is an error naming that engine. The last successful push is kept (`policy`), so an
-engine restarted later loads it before it serves (orchestration/rollout_group.py).
+Pushes skip engines known dead and report them; when every engine a push reached died under it, they are
+restarted (within `rollout.max_engine_restarts`) and the push goes again. A live engine that fails to load,
+or reports another version afterwards, is an error naming that engine. The last successful push is kept
+(`policy`), so an engine restarted later loads it before it serves (orchestration/rollout_group.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from configs.schema import Config
 from orchestration.rollout_actors import RolloutGroupError, describe
 
 log = logging.getLogger(__name__)
@@ -32,6 +34,8 @@ class PolicyPushes:
     dead: set[int]  # engines known dead
     # The last successful push, loaded into a restarted engine: ("adapter" | "weights", version, ref(s)).
     policy: tuple[str, int, Any] | None
+    cfg: Config
+    engine_restarts: int  # restarts spent, of rollout.max_engine_restarts
 
     async def _restart_dead_engines(self) -> list[int]:
         """Restart the dead engines at the current policy (RolloutGroup's); the engines restarted."""
@@ -67,34 +71,39 @@ class PolicyPushes:
 
         if not self.engines:
             raise RolloutGroupError("RolloutGroup is not started: await group.start() first")
-        await self._restart_dead_engines()  # at the old policy: then this push loads the new one
-        live = [i for i in range(len(self.engines)) if i not in self.dead]
 
         async def one(i: int) -> tuple[float, float]:
             t0 = time.perf_counter()
             load_s = await call(self.engines[i])  # the engine's own timing (EngineHost)
             return time.perf_counter() - t0, float(load_s)
 
-        results = await asyncio.gather(*(one(i) for i in live), return_exceptions=True)
-        errors: dict[int, str] = {}
-        times: dict[int, tuple[float, float]] = {}
-        for i, r in zip(live, results, strict=True):
-            if isinstance(r, RayActorError):
-                self._mark_dead(i, r)
-            elif isinstance(r, BaseException):
-                errors[i] = describe(r)
-            else:
-                times[i] = r
-        reported = await self._versions([i for i in times])
-        for i, v in reported.items():
-            if v != version and i not in self.dead:
-                errors[i] = f"reports version {v} after loading {what} v{version}"
-        if errors:
-            detail = "; ".join(f"engine {i}: {msg}" for i, msg in sorted(errors.items()))
-            raise RolloutGroupError(f"push of {what} v{version} failed on {len(errors)} engine(s): {detail}")
-        done = [i for i in live if i in times and i not in self.dead]
-        if not done:
-            raise RolloutGroupError(f"push of {what} v{version}: no live engine left (dead: {sorted(self.dead)})")
+        while True:
+            await self._restart_dead_engines()  # at the old policy: then this push loads the new one
+            live = [i for i in range(len(self.engines)) if i not in self.dead]
+            results = await asyncio.gather(*(one(i) for i in live), return_exceptions=True)
+            errors: dict[int, str] = {}
+            times: dict[int, tuple[float, float]] = {}
+            for i, r in zip(live, results, strict=True):
+                if isinstance(r, RayActorError):
+                    self._mark_dead(i, r)
+                elif isinstance(r, BaseException):
+                    errors[i] = describe(r)
+                else:
+                    times[i] = r
+            reported = await self._versions([i for i in times])
+            for i, v in reported.items():
+                if v != version and i not in self.dead:
+                    errors[i] = f"reports version {v} after loading {what} v{version}"
+            if errors:
+                detail = "; ".join(f"engine {i}: {msg}" for i, msg in sorted(errors.items()))
+                raise RolloutGroupError(f"push of {what} v{version} failed on {len(errors)} engine(s): {detail}")
+            done = [i for i in live if i in times and i not in self.dead]
+            if done:
+                break
+            # Every engine this push reached died under it (killed just before, or while loading): restart
+            # them, within rollout.max_engine_restarts, and push again; with none left, the push fails.
+            if not live or self.engine_restarts >= self.cfg.rollout.max_engine_restarts:
+                raise RolloutGroupError(f"push of {what} v{version}: no live engine left (dead: {sorted(self.dead)})")
         self.policy = (what, version, refs)
         restarted = await self._restart_dead_engines()  # engines found dead by this push, at this version
         per_engine = [times[i][0] for i in done]

@@ -325,3 +325,22 @@ async def test_engine_restarts_are_bounded(group: RolloutGroup) -> None:
     assert group.dead == {1} and await group.versions() == [2, -1]
     report = await group.push_adapter(3, ray.put(make_adapter(seed=2)))
     assert report["engines"] == [0] and report["dead_engines"] == [1] and report["restarted_engines"] == []
+
+
+async def test_a_push_whose_every_engine_died_under_it_restarts_them_and_pushes_again(group: RolloutGroup) -> None:
+    """Engines killed just before a push, unknown to the group yet: every load fails with the actor's death, so
+    the group restarts them (within rollout.max_engine_restarts) and loads the push there, rather than fail
+    with no live engine left (the chaos suite met this as a run's first push after an engine was killed)."""
+    import ray
+
+    group.cfg.rollout.max_engine_restarts = group.engine_restarts + 3  # room again, after the test above
+    await group.push_adapter(4, ray.put(make_adapter(seed=3)))  # the dead engine 1 comes back first
+    assert group.dead == set() and await group.versions() == [4, 4]
+    spent = group.engine_restarts
+    for handle in group.engines:
+        ray.kill(handle, no_restart=True)
+    report = await group.push_adapter(5, ray.put(make_adapter(seed=4)))
+    assert report["engines"] == [0, 1] and report["dead_engines"] == [] and await group.versions() == [5, 5]
+    assert group.engine_restarts == spent + 2
+    trajs = await group.run([row(i) for i in range(2)], group_size=1)
+    assert all(t.versions and set(t.versions) == {5} and not t.infra_fault for t in trajs)
