@@ -223,12 +223,12 @@ async def _suite(o: ChaosOptions, root: Path, console: Console) -> dict[str, Any
         name = "chaos-unbroken" if seed is None else f"chaos-{seed}"
         cfg = chaos_config(o, root, name)
         per_step = cfg.train.tasks_per_step * cfg.train.group_size
-        pf = await asyncio.to_thread(run_preflight, cfg, True)
-        if not pf.ok:
-            raise RuntimeError(f"chaos: preflight failed: {[f'{c.name}: {c.detail}' for c in pf.failures()]}")
         run_dir = root / "runs" / name
         faults = {} if seed is None else schedule(seed, unbroken["wall_s"] - unbroken["services_up_s"])
-        with _quiet_logs(root / f"{name}.log"):
+        with _quiet_logs(root / f"{name}.log"):  # the preflight's lines (the tasks it writes) too
+            pf = await asyncio.to_thread(run_preflight, cfg, True)
+            if not pf.ok:
+                raise RuntimeError(f"chaos: preflight failed: {[f'{c.name}: {c.detail}' for c in pf.failures()]}")
             played = await play(cfg, pf, run_dir, faults, o.run_timeout_s)
         played |= {"seed": seed, "faults": faults}
         if played["finished"]:
