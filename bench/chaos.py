@@ -47,6 +47,7 @@ from rich.console import Console
 from bench.options import BenchOptions, ChaosOptions
 from bench.results import Row, SuiteResult, spread
 from cluster.local_cluster import ROOT
+from configs.schema import Config
 
 FAULTS = ("engine", "runner", "learner", "tool", "stop")
 WINDOW = (0.0, 0.9)  # where a fault falls in a run's training, as shares of the unbroken run's training time
@@ -55,10 +56,10 @@ RESUME = "python -m bench --suite chaos (resumed in-process)"
 
 
 class Hung(RuntimeError):
-    pass
+    """A run not finished within chaos.run_timeout_s."""
 
 
-def chaos_config(o: ChaosOptions, root: Path, name: str) -> Any:
+def chaos_config(o: ChaosOptions, root: Path, name: str) -> Config:
     from configs.loader import load_config
 
     return load_config(
@@ -85,7 +86,7 @@ def schedule(seed: int, training_s: float) -> dict[str, float]:
     return {kind: round(rng.uniform(*(share * training_s for share in WINDOW)), 2) for kind in FAULTS}
 
 
-def _target(kind: str, cfg: Any, run_dir: Path) -> Any | None:
+def _target(kind: str, cfg: Config, run_dir: Path) -> Any | None:
     """The actor a fault kills, if it is up now (the learner: only once the first checkpoint is whole)."""
     import ray
 
@@ -104,8 +105,8 @@ def _target(kind: str, cfg: Any, run_dir: Path) -> Any | None:
     return None
 
 
-async def play(cfg: Any, pf: Any, run_dir: Path, faults: dict[str, float], timeout_s: float) -> dict[str, Any]:
-    """One run to its end under `faults` (kind -> seconds after the start): what happened. A run that stops
+async def play(cfg: Config, pf: Any, run_dir: Path, faults: dict[str, float], timeout_s: float) -> dict[str, Any]:
+    """One run to its end under `faults` (kind -> seconds after its services are up): what happened. A run that stops
     with its resume command is resumed; one that hangs or fails otherwise ends the play, `finished` False."""
     t0 = time.monotonic()
     record: dict[str, Any] = {"finished": False, "struck": {}, "resumes": [], "not_struck": list(faults)}
@@ -123,7 +124,7 @@ async def play(cfg: Any, pf: Any, run_dir: Path, faults: dict[str, float], timeo
 
 
 async def _play(
-    cfg: Any, pf: Any, run_dir: Path, pending: dict[str, float], t0: float, timeout_s: float, record: dict[str, Any]
+    cfg: Config, pf: Any, run_dir: Path, pending: dict[str, float], t0: float, timeout_s: float, record: dict[str, Any]
 ) -> dict[str, Any]:
     """The drivers of one run, first and resumed, while the due faults strike (`t0`: the run's start; a fault's
     moment counts from its services up, recorded as `services_up_s`)."""
