@@ -53,7 +53,7 @@ demo: install sandbox
 demo-tools: install sandbox
 	$(PY) -m jobs.demo
 
-# Everything, as CI runs it (~45-60 min on 2 cores); the 25 slowest tests are listed at the end.
+# Everything, as CI runs it (~60 min on 2 cores); the 25 slowest tests are listed at the end.
 test: install sandbox inspector
 	$(PY) -m pytest -q --durations=25
 
