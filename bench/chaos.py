@@ -91,12 +91,13 @@ def _target(kind: str, cfg: Config, run_dir: Path) -> Any | None:
     import ray
 
     from cluster.ray_env import actor_name
+    from jobs.checkpoints import latest_checkpoint
 
     if kind == "tool":
         found = [a for a in ray.util.list_named_actors(all_namespaces=True) if TOOL_APP in a["name"]]
         names = [(a["name"], a["namespace"]) for a in found]
     else:
-        if kind == "learner" and not (run_dir / "checkpoints" / "step_1" / "meta.json").is_file():
+        if kind == "learner" and latest_checkpoint(str(run_dir)) is None:
             return None
         names = [(actor_name(cfg.run_name, kind, 0), None)]
     for name, namespace in names:
@@ -287,11 +288,13 @@ def run(opts: BenchOptions, console: Console) -> SuiteResult:
         "faults_drawn": len(runs) * len(FAULTS),
     }
     s = report["summary"]
-    console.print(
-        f"{s['finished']} of {s['runs']} runs finished ({s['failed']} failed or hung); {s['faults_struck']} of "
-        f"{s['faults_drawn']} faults struck; episodes lost {s['episodes_lost']}, duplicated "
-        f"{s['episodes_duplicated']}; final adapters equal to the unbroken run's: {s['adapters_equal']} of {len(done)}"
+    counted = (
+        f"finished {s['finished']} of {s['runs']} ({s['failed']} failed or hung); faults struck {s['faults_struck']} "
+        f"of {s['faults_drawn']} (the rest were due after their run had ended); episodes lost {s['episodes_lost']}, "
+        f"duplicated {s['episodes_duplicated']}; final adapters equal to the unbroken run's (max |diff| <= "
+        f"{o.adapter_atol:g}): {s['adapters_equal']} of {len(done)}"
     )
+    console.print(f"runs {counted}")
     rows = []
     if done:
         rows.append(
@@ -310,9 +313,6 @@ def run(opts: BenchOptions, console: Console) -> SuiteResult:
         f"seeded moment after the run's services are up, within {WINDOW[1]:.0%} of the unbroken run's training time "
         f"({unbroken_s - report['unbroken']['services_up_s']:.1f} s of its {unbroken_s:.1f} s; struck times in the "
         "JSON count from each run's start).",
-        f"finished {s['finished']} of {s['runs']}; episodes lost {s['episodes_lost']}, duplicated "
-        f"{s['episodes_duplicated']}; final adapters equal to the unbroken run's (max |diff| <= {o.adapter_atol:g}): "
-        f"{s['adapters_equal']} of {len(done)}; faults struck {s['faults_struck']} of {s['faults_drawn']} (the rest "
-        "were due after their run had ended).",
+        counted + ".",
     ]
     return SuiteResult("chaos", report, rows, notes=notes)

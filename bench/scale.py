@@ -93,10 +93,14 @@ def run_point(config: str, group: int, tasks: int, steps: int, folder: Path) -> 
     return figures
 
 
+def sweep_lines(s: ScaleOptions) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """Sweep 1's two lines of (G, tasks per step) points: G varied at `sweep_tasks`, tasks varied at `sweep_group`."""
+    return [(g, s.sweep_tasks) for g in s.group_sizes], [(s.sweep_group, b) for b in s.tasks_per_step]
+
+
 def step_sweeps(s: ScaleOptions, repeats: int, console: Console) -> tuple[list[Row], list[Curve], dict[str, Any]]:
     """Sweep 1: every distinct (G, tasks) point once, each curve read from the points on its line."""
-    g_line = [(g, s.sweep_tasks) for g in s.group_sizes]
-    b_line = [(s.sweep_group, b) for b in s.tasks_per_step]
+    g_line, b_line = sweep_lines(s)
     points = list(dict.fromkeys(g_line + b_line))
     steps = repeats + 1
     root = Path(tempfile.mkdtemp(prefix="mcprl-bench-scale-", dir="/tmp"))
@@ -128,8 +132,7 @@ def step_figures(
 ) -> tuple[list[Row], list[Curve]]:
     """Sweep 1's curves (each read from the points on its line) and its rows (the largest point of a line
     against its smallest), from each (G, tasks) point's measured figures."""
-    g_line = [(g, s.sweep_tasks) for g in s.group_sizes]
-    b_line = [(s.sweep_group, b) for b in s.tasks_per_step]
+    g_line, b_line = sweep_lines(s)
     curves, rows = [], []
     for line, x_of, label, fixed in (
         (g_line, lambda p: p[0], "group size G", f"{s.sweep_tasks} tasks/step"),
