@@ -215,6 +215,33 @@ class TestConformance:
         with pytest.raises(EngineError, match="not a safetensors file"):
             await engine.load_adapter(engine.version() + 1, {"config": plain["config"], "safetensors": b"junk"})
 
+    async def test_seeded_requests_beyond_one_batch_then_lora_serves_the_merged_model(
+        self, engine: RolloutEngine
+    ) -> None:
+        """More prompt tokens in flight than one engine step takes, every request seeded: vLLM would prefill
+        some in chunks and rewind their seeded generators, which kills a CPU engine; ours waits instead. Then a
+        learner's adapter through LoRA generates as PEFT's merged model does: with test_vllm_merged_push.py,
+        what a merged push serves is what LoRA serves (jobs.evaluate merges on CPU). Before the weight update
+        below, which changes the base."""
+        import torch
+
+        from tests.actors.test_vllm_merged_push import SAMPLING, changed_learner, chosen_logprobs
+
+        prompts = [[100 + (i * 37 + j) % 40_000 for j in range(300)] for i in range(40)]  # 12,000 tokens
+        outs = await asyncio.gather(
+            *(engine.generate(p, SamplingConfig(temperature=1.0, max_new_tokens=4, stop=[], seed=i))
+              for i, p in enumerate(prompts))
+        )  # fmt: skip
+        assert all(len(o.token_ids) == 4 for o in outs)
+        cfg = engine_config(engine.stats()["backend"]).model_copy(deep=True)
+        cfg.learner.dtype = "float32"
+        learner, merged = changed_learner(cfg)
+        version = engine.version() + 1
+        await engine.load_adapter(version, learner.export_adapter())
+        out = await engine.generate(PROMPT, SAMPLING)
+        got, want = torch.tensor(out.logprobs), chosen_logprobs(merged, PROMPT, out.token_ids)
+        assert out.version == version and torch.allclose(got, want, atol=0.15), (got.tolist(), want.tolist())
+
     async def test_update_weights_changes_outputs(self, engine: RolloutEngine) -> None:
         import torch
 

@@ -20,7 +20,7 @@ from tests.vllm_server import MODEL, requires_vllm
 
 pytestmark = [pytest.mark.slow, requires_vllm]
 
-STEPS, TASKS_PER_STEP = 2, 2
+STEPS, TASKS_PER_STEP = 1, 2  # one step: a judge call costs ~1 s on the CPU server
 
 
 @pytest.fixture(scope="module")
