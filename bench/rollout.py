@@ -27,7 +27,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import statistics
 import time
 from collections.abc import Callable
@@ -161,7 +160,6 @@ async def bench_engines(console: Console, sizes: Sizes, repeats: int, backends: 
     """HF vs vLLM: tokens/s on the same prompts (the batch `repeats` times), and LoRA adapter swap latency."""
     from actors.models import load_tokenizer
     from configs.schema import SamplingConfig
-    from orchestration.cpu_pinning import cpu_list, node_cores
 
     cfg = Config.model_validate(
         {
@@ -191,7 +189,6 @@ async def bench_engines(console: Console, sizes: Sizes, repeats: int, backends: 
         "new_tokens": sizes.engine_new_tokens,
     }
     for backend in backends:
-        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_list(node_cores())  # one engine: every core
         engine_cfg = rollout_config(cfg, backend=backend)
         from actors.engines import make_engine
 
@@ -274,7 +271,6 @@ async def bench_push_modes(console: Console, sizes: Sizes, repeats: int) -> dict
     from actors.learner import Learner
     from actors.models import load_tokenizer
     from configs.schema import SamplingConfig
-    from orchestration.cpu_pinning import cpu_list, node_cores
 
     cfg = Config.model_validate(
         {
@@ -299,7 +295,6 @@ async def bench_push_modes(console: Console, sizes: Sizes, repeats: int) -> dict
         "prompt_tokens": [min(map(len, prompts)), max(map(len, prompts))],
         "new_tokens": sizes.push_new_tokens,
     }
-    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_list(node_cores())  # one engine: every core
     for mode in ("adapter", "merged"):
         t = time.perf_counter()
         payload = learner.export_adapter() if mode == "adapter" else learner.export_weights()

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -264,13 +263,11 @@ async def vllm_modes(s: ScaleOptions, repeats: int, console: Console) -> dict[st
     """Sweep 2: one vLLM engine; `repeats` rounds of async and lockstep, the first mode alternating."""
     from actors.models import load_tokenizer
     from actors.vllm_engine import VLLMEngine
-    from orchestration.cpu_pinning import cpu_list, node_cores
     from serve_apps.tool_pool import LocalToolPool
 
     cfg = vllm_config(s)
     rows = rule_rows(s.vllm_tasks)
     tokenizer = load_tokenizer(cfg.model)
-    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_list(node_cores())  # one engine: every core
     engine = VLLMEngine(cfg)
     with console.status(f"scale: starting vLLM ({s.vllm_model})"):
         await engine.start()

@@ -45,7 +45,12 @@ _NOTICES: dict[str, tuple[str, ...]] = {
     ),
     "vllm.platforms.cpu": ("Triton is not installed", "Reset SSM cache type"),
     "vllm.config.vllm": ("Enforce eager set", "Inductor compilation was disabled", "Model Runner V2 requires Triton"),
-    "vllm.engine.arg_utils": ("This model does not officially support disabling chunked prefill",),
+    "vllm.engine.arg_utils": (
+        "This model does not officially support disabling chunked prefill",
+        # With the model in the engine core (actors/vllm_engine.py), vLLM seeds the engine core's random state,
+        # not this process's: AsyncLLM always runs its core in a process of its own.
+        "The global random seed is set to",
+    ),
     # vLLM's CPU worker, on every engine start, about preloading tcmalloc and Intel OpenMP for speed: a
     # tuning of the host that mcprl does not make and a user rarely can (CPU engines are CI-sized here).
     "vllm.v1.worker.cpu_worker": ("libtcmalloc is not found in LD_PRELOAD", "libiomp is not found in LD_PRELOAD"),

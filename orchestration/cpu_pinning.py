@@ -1,8 +1,8 @@
 """CPU pinning for rollout engines that share a node's cores.
 
 On CPU, engines placed on the same node split its cores: engine k of n gets its own contiguous slice
-(`core_slice`), written in the form vLLM's `VLLM_CPU_OMP_THREADS_BIND` reads (`cpu_list`); otherwise
-every vLLM engine pins its worker to CPU 0. `EngineHost.start` (orchestration/rollout_actors.py) applies it.
+(`core_slice`); `EngineHost.start` (orchestration/rollout_actors.py) applies it (a vLLM engine's process
+affinity, an HF engine's torch threads) and reports it in `cpu_list`'s form.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def core_slice(cores: Sequence[int], rank: int, count: int) -> list[int]:
 
 
 def cpu_list(cores: Sequence[int]) -> str:
-    """'0-3' for a contiguous run, '0,2,5' otherwise (the form VLLM_CPU_OMP_THREADS_BIND reads)."""
+    """'0-3' for a contiguous run, '0,2,5' otherwise."""
     cores = sorted(cores)
     if cores == list(range(cores[0], cores[-1] + 1)):
         return f"{cores[0]}-{cores[-1]}" if len(cores) > 1 else str(cores[0])
