@@ -44,6 +44,8 @@ _NOTICES: dict[str, tuple[str, ...]] = {
         "Triton not installed or not compatible",
     ),
     "vllm.platforms.cpu": ("Triton is not installed", "Reset SSM cache type"),
+    # A CPU without oneDNN's kernel for the dtype (bf16 without AVX-512): vLLM uses torch's linear instead.
+    "vllm.model_executor.layers.utils": ("Failed to create oneDNN linear",),
     "vllm.config.vllm": ("Enforce eager set", "Inductor compilation was disabled", "Model Runner V2 requires Triton"),
     "vllm.engine.arg_utils": (
         "This model does not officially support disabling chunked prefill",
