@@ -134,7 +134,8 @@ class VLLMEngine:
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(self._rollout.vllm_kv_cache_gb)))
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the model in the engine core (module doc)
             # Ray sets OMP_NUM_THREADS=1 in an actor with fractional CPUs: the engine core would run on one core.
-            os.environ["OMP_NUM_THREADS"] = str(len(os.sched_getaffinity(0)))
+            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+            os.environ["OMP_NUM_THREADS"] = str(cores or 1)
         # rollout.weight_push merged: LoRA runs get merged full weights, so the engine needs no LoRA (faster).
         lora = weight_push(self.cfg) == "adapter"
         self._root.mkdir(parents=True, exist_ok=True)

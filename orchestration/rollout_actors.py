@@ -77,7 +77,8 @@ class EngineHost:
         placement: dict[str, Any] = {"backend": backend, "pid": os.getpid()}
         if on_cpu and backend == "vllm":
             # The engine core vLLM spawns from this process inherits its cores (actors/vllm_engine.py).
-            os.sched_setaffinity(0, cores)
+            if hasattr(os, "sched_setaffinity"):  # Linux; elsewhere the engines share every core
+                os.sched_setaffinity(0, cores)
             placement["cpu_bind"] = cpu_list(cores)
         if on_cpu and backend == "hf":
             import torch
