@@ -2,8 +2,8 @@
 
 - On CPU the model runs inside the engine core (vLLM's one-process executor, VLLM_ENABLE_V1_MULTIPROCESSING=0)
   rather than in a worker process of its own: one vLLM import and process start fewer, ~20 s less per engine
-  start on 2 cores. That executor binds no threads, so the engine core inherits this process's cores (its
-  affinity, which `EngineHost` narrows to the engine's slice) and one OpenMP thread per core.
+  start on 2 cores. That executor binds no threads, so the engine core inherits this process's cores and
+  threads: in a Ray actor, `EngineHost` sets both to the engine's slice (its affinity and OMP_NUM_THREADS).
 
 - Requests: `TokensPrompt` in, the engine's own token ids out; `SamplingParams(logprobs=0)` puts
   the chosen token's logprob in each step's dict (vLLM's default: raw logits, before temperature,
@@ -133,9 +133,6 @@ class VLLMEngine:
         if cpu:
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(self._rollout.vllm_kv_cache_gb)))
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the model in the engine core (module doc)
-            # Ray sets OMP_NUM_THREADS=1 in an actor with fractional CPUs: the engine core would run on one core.
-            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-            os.environ["OMP_NUM_THREADS"] = str(cores or 1)
         # rollout.weight_push merged: LoRA runs get merged full weights, so the engine needs no LoRA (faster).
         lora = weight_push(self.cfg) == "adapter"
         self._root.mkdir(parents=True, exist_ok=True)

@@ -3,8 +3,8 @@ Ray actors, and the handle wrapper that lets a runner use an engine actor like a
 
 - `EngineHost` (one per engine): builds `make_engine(cfg)` inside the actor and starts it there, so the
   model (and vLLM's engine-core process) lives with the actor. On CPU, engines placed on the same node
-  share its cores: vLLM engine k of n runs on its own slice (this process's affinity, which the engine core
-  inherits; orchestration/cpu_pinning.py); an HF engine sets
+  share its cores: vLLM engine k of n runs on its own slice (this process's affinity and OMP_NUM_THREADS,
+  which the engine core inherits; orchestration/cpu_pinning.py); an HF engine sets
   `torch.set_num_threads(cores // n)` (Ray sets OMP_NUM_THREADS=1 for actors with fractional CPUs,
   which would leave torch on one thread).
 - `RunnerHost` (one per runner): an `EpisodeRunner` over `RemoteEngine` wrappers of ALL engines, so each
@@ -76,9 +76,10 @@ class EngineHost:
         cores = core_slice(node_cores(), local_rank, local_count)
         placement: dict[str, Any] = {"backend": backend, "pid": os.getpid()}
         if on_cpu and backend == "vllm":
-            # The engine core vLLM spawns from this process inherits its cores (actors/vllm_engine.py).
+            # The engine core vLLM spawns from this process inherits its cores and its threads (actors/vllm_engine.py).
             if hasattr(os, "sched_setaffinity"):  # Linux; elsewhere the engines share every core
                 os.sched_setaffinity(0, cores)
+            os.environ["OMP_NUM_THREADS"] = str(len(cores))  # Ray's 1 (fractional CPUs) would leave it one core
             placement["cpu_bind"] = cpu_list(cores)
         if on_cpu and backend == "hf":
             import torch

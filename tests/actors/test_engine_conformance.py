@@ -233,7 +233,7 @@ class TestConformance:
               for i, p in enumerate(prompts))
         )  # fmt: skip
         assert all(len(o.token_ids) == 4 for o in outs)
-        cfg = engine_config(engine.stats()["backend"]).model_copy(deep=True)
+        cfg = engine_config(engine.stats()["backend"])
         cfg.learner.dtype = "float32"
         learner, merged = changed_learner(cfg)
         version = engine.version() + 1
