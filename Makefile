@@ -53,9 +53,10 @@ demo: install sandbox
 demo-tools: install sandbox
 	$(PY) -m jobs.demo
 
-# Everything, as CI runs it (~60 min on 2 cores); the 25 slowest tests are listed at the end.
+# Everything, as CI runs it; the 25 slowest tests are listed at the end. Two workers, a whole test file to each:
+# most of the time goes to jobs' own processes, whose start-up waits leave a core idle a quarter of the time.
 test: install sandbox inspector
-	$(PY) -m pytest -q --durations=25
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=25
 
 # The inner loop: unit and in-process tests, without Ray, vLLM or a job's own process (marked `slow`).
 test-fast: install sandbox
