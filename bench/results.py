@@ -18,22 +18,47 @@ from typing import Any, Literal
 
 
 def machine() -> dict[str, Any]:
-    """Cores, CPU model, memory, Python: what a figure was measured on."""
+    """Cores, CPU model and vector units, memory, Python: what a figure was measured on."""
     model = platform.processor() or "unknown"
+    flags: set[str] = set()
     mem_gib = 0.0
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
+        first_cpu = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
+        for line in first_cpu.splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
         mem_gib = int(Path("/proc/meminfo").read_text().split()[1]) / 2**20
     except OSError:
         pass
-    return {"cores": os.cpu_count(), "cpu": model, "memory_gib": round(mem_gib, 1), "python": platform.python_version()}
+    return {
+        "cores": os.cpu_count(),
+        "cpu": model,
+        "vector": vector_units(flags),
+        "memory_gib": round(mem_gib, 1),
+        "python": platform.python_version(),
+    }
+
+
+def vector_units(flags: set[str]) -> str:
+    """The widest matrix/vector units among an x86 CPU's flags. Same-named CPUs differ here, and it moves the
+    figures: without AVX-512, bf16 matmuls fall back to slow paths (the same run took ~2x as long)."""
+    if not flags:
+        return "unknown"
+    if "amx_bf16" in flags:
+        return "AMX, AVX-512 bf16"
+    if "avx512_bf16" in flags:
+        return "AVX-512 bf16"
+    if "avx512f" in flags:
+        return "AVX-512, no bf16"
+    return "AVX2, no AVX-512" if "avx2" in flags else "no AVX2"
 
 
 def machine_line(m: dict[str, Any]) -> str:
-    return f"{m['cores']} cores, {m['cpu']}, {m['memory_gib']} GiB" + (f", {m['gpu']}" if m.get("gpu") else "")
+    cpu = f"{m['cpu']} ({m['vector']})" if m.get("vector") else m["cpu"]
+    return f"{m['cores']} cores, {cpu}, {m['memory_gib']} GiB" + (f", {m['gpu']}" if m.get("gpu") else "")
 
 
 @dataclass

@@ -39,7 +39,7 @@ from rich.table import Table
 
 from bench.doubles import LatentClient, RealCostExpertEngine, expert_engine, rule_rows
 from bench.options import BenchOptions
-from bench.results import Row, SuiteResult, machine, spread
+from bench.results import Row, SuiteResult, machine, machine_line, spread
 from configs.schema import Config
 
 ROLLOUT_GEN_S = 0.02  # the stand-in engine's time per generation
@@ -480,7 +480,7 @@ class _Fresh:
 
 def show(report: dict[str, Any], console: Console) -> None:
     m = report["machine"]
-    console.print(f"machine: {m['cores']} cores, {m['cpu']}, {m['memory_gib']} GiB, Python {m['python']}")
+    console.print(f"machine: {machine_line(m)}, Python {m['python']}")
     e = report["engines"]
     table = Table(title=f"engines on {e['model']}: {e['prompts']} prompts x {e['new_tokens']} new tokens, greedy")
     for col in ("backend", "start s", "tokens", "wall s", "tokens/s", "LoRA swap median ms", "swaps ms"):

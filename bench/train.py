@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.options import BenchOptions, TrainOptions
-from bench.results import Row, SuiteResult, machine, spread
+from bench.results import Row, SuiteResult, machine, machine_line, spread
 from configs.schema import Config
 
 # --quick: tiny-random, tiny batch, 2 HF engines, no vLLM (the tests' smoke run)
@@ -549,7 +549,7 @@ def print_train(report: dict[str, Any], console: Any) -> None:
     from rich.table import Table
 
     m = report["machine"]
-    console.print(f"machine: {m['cores']} cores, {m['cpu']}, {m['memory_gib']} GiB, Python {m['python']}")
+    console.print(f"machine: {machine_line(m)}, Python {m['python']}")
     ln = report["learner"]
     lora = report["lora"]
     table = Table(
