@@ -132,18 +132,40 @@ def rule_tasks(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., list[d
     return rows
 
 
-_VLLM = contextlib.ExitStack()  # the shared vLLM server, stopped after the last test that uses it
+class _SharedVLLM:
+    """The vLLM server the judge's and the task generator's tests share (one start, ~40 s, instead of one per
+    module). Those tests run one after another (pytest_collection_modifyitems); the server stops after the last
+    of them (pytest_runtest_teardown), so its ~4 GB are not held beside the rest of the session, and starts again
+    if a test asks for it later: under pytest-xdist a worker does not know its next test at the end of a batch."""
+
+    def __init__(self) -> None:
+        self._stack = contextlib.ExitStack()
+        self._url: str | None = None
+
+    def url(self, tmp_path_factory: pytest.TempPathFactory) -> str:
+        from tests.vllm_server import vllm_server
+
+        if self._url is None:
+            self._url = self._stack.enter_context(vllm_server(tmp_path_factory.mktemp("vllm")))
+        return self._url
+
+    def close(self) -> None:
+        self._stack.close()
+        self._url = None
 
 
-@pytest.fixture(scope="session")
-def vllm_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real vLLM OpenAI server (tests/vllm_server.py) shared by every test that asks for it (the judge's and the
-    task generator's, in two folders: one start, ~40 s, instead of one per module). Those tests run one after
-    another (pytest_collection_modifyitems) and the server stops after the last of them (pytest_runtest_teardown),
-    so its ~4 GB are not held beside the rest of the session."""
-    from tests.vllm_server import vllm_server
+_VLLM = _SharedVLLM()
 
-    yield _VLLM.enter_context(vllm_server(tmp_path_factory.mktemp("vllm")))
+
+@pytest.fixture
+def vllm_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The base URL of a real vLLM OpenAI server (tests/vllm_server.py), shared by the tests that ask for it."""
+    return _VLLM.url(tmp_path_factory)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_vllm_at_the_end() -> Iterator[None]:
+    yield
     _VLLM.close()
 
 
