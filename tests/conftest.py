@@ -141,12 +141,15 @@ class _SharedVLLM:
     def __init__(self) -> None:
         self._stack = contextlib.ExitStack()
         self._url: str | None = None
+        self.log: Path | None = None  # the server's log, shown beside a failed test that used it
 
     def url(self, tmp_path_factory: pytest.TempPathFactory) -> str:
         from tests.vllm_server import vllm_server
 
         if self._url is None:
-            self._url = self._stack.enter_context(vllm_server(tmp_path_factory.mktemp("vllm")))
+            folder = tmp_path_factory.mktemp("vllm")
+            self.log = folder / "server.log"
+            self._url = self._stack.enter_context(vllm_server(folder))
         return self._url
 
     def close(self) -> None:
@@ -167,6 +170,17 @@ def vllm_url(tmp_path_factory: pytest.TempPathFactory) -> str:
 def _stop_vllm_at_the_end() -> Iterator[None]:
     yield
     _VLLM.close()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    """A failed test that used the shared vLLM server shows the end of the server's log: a request that timed
+    out in CI is otherwise a mystery (a slow server, a hung one, or one that never got it)."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and "vllm_url" in getattr(item, "fixturenames", ()) and _VLLM.log and _VLLM.log.is_file():
+        tail = _VLLM.log.read_text(errors="replace")[-6000:]
+        report.sections.append(("vLLM server log (last 6,000 characters)", tail))
 
 
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:

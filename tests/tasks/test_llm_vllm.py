@@ -38,6 +38,10 @@ async def test_generator_schema_through_vllm_chat_completions(vllm_url: str, tmp
             f"generation.openai.model={MODEL}",
             "generation.openai.backend=chat",
             "generation.openai.temperature=0",
+            # ~8 s alone; one CI run under a neighbour's load timed out five 60 s tries. One long try: a retry
+            # of a request the server is still decoding only adds to its queue.
+            "generation.openai.timeout_s=300",
+            "generation.openai.max_retries=0",
             f"generation.openai.cache_dir={tmp_path / 'cache'}",
             "generation.openai.api_key_env=MCPRL_TEST_OPENAI_KEY",
             *[f"tools.servers.{n}.enabled=false" for n in ("fmp", "tavily", "slack", "python")],
