@@ -5,11 +5,11 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo demo-tools test test-fast lint docs bench sandbox inspector clean
+.PHONY: install demo demo-tools test test-fast test-bench lint docs bench sandbox inspector clean
 
 # These targets never reach the Hugging Face Hub: their models are built-ins or already cached.
 # (mcprl itself downloads an HF id when online; `HF_HUB_OFFLINE=0 make ...` lets these do so too.)
-demo demo-tools test test-fast bench: export HF_HUB_OFFLINE ?= 1
+demo demo-tools test test-fast test-bench bench: export HF_HUB_OFFLINE ?= 1
 
 install: $(STAMP)
 
@@ -53,10 +53,16 @@ demo: install sandbox
 demo-tools: install sandbox
 	$(PY) -m jobs.demo
 
-# Everything, as CI runs it; the 25 slowest tests are listed at the end. Two workers, a whole test file to each:
-# most of the time goes to jobs' own processes, whose start-up waits leave a core idle a quarter of the time.
+# What CI runs: every test but the benchmark suites' smoke runs (marked `bench`); the 40 slowest are listed at the
+# end. Two workers, a whole test file to each, the longest files first (tests/conftest.py): most of the time goes
+# to jobs' own processes, whose start-up waits leave a core idle a quarter of the time.
 test: install sandbox inspector
-	$(PY) -m pytest -q -n 2 --dist loadfile --durations=25
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=40 -m "not bench"
+
+# The benchmark suites run at smoke sizes (`python -m bench --suite S --quick`), each in its own process that
+# runs jobs of its own: ~20 min of the machine. Run it after changing bench/ or a figure a suite reads.
+test-bench: install sandbox
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=10 -m bench
 
 # The inner loop: unit and in-process tests, without Ray, vLLM or a job's own process (marked `slow`).
 test-fast: install sandbox

@@ -202,14 +202,57 @@ def generate_tasks(argv: list[str]) -> None:
     assert code == 0, f"jobs.generate_tasks {' '.join(argv)}: exit {code}"
 
 
+# The files whose tests use the shared vLLM server (checked at collection).
+VLLM_FILES = ("tests/jobs/test_train_judge.py", "tests/envs/test_judge_vllm.py", "tests/tasks/test_llm_vllm.py")
+
+# The files that take minutes (a job's own process, a cluster, a benchmark), longest first, from CI's
+# --durations: `make test` hands them out first so that the short files fill the end of both workers instead of
+# one worker finishing a long file alone (pytest-xdist's own order, most tests first, put them last). A file
+# not named here, or named and since made faster, only runs in another order.
+LONGEST_FIRST = (
+    "tests/jobs/test_train.py",
+    *VLLM_FILES,
+    "tests/cluster/test_multinode_job.py",
+    "tests/bench/test_chaos.py",
+    "tests/jobs/test_evaluate_job.py",
+    "tests/cluster/test_wheelhouse_install.py",
+    "tests/jobs/test_train_health.py",
+    "tests/jobs/test_train_faults.py",
+    "tests/cluster/test_autoscaler.py",
+    "tests/orchestration/test_learner_group.py",
+    "tests/orchestration/test_rollout_group.py",
+    "tests/bench/test_suites.py",
+    # `make test-bench`'s
+    "tests/bench/test_learning.py",
+    "tests/bench/test_scale.py",
+    "tests/bench/test_e2e.py",
+    "tests/bench/test_train.py",
+)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Whatever starts the session's Ray is slow: `make test-fast` (-m "not slow") leaves it out. The tests of the
-    shared vLLM server run one after another, where the first of them stands."""
+    """Whatever starts the session's Ray is slow: `make test-fast` (-m "not slow") leaves it out. The longest
+    files come first (LONGEST_FIRST). The tests of the shared vLLM server run one after another, on one worker
+    under `make test` (pytest_xdist_make_scheduler)."""
     for item in items:
         if "ray_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
-    on_vllm = [i for i, item in enumerate(items) if "vllm_url" in getattr(item, "fixturenames", ())]
-    if on_vllm:
-        moved = [items[i] for i in on_vllm]
-        rest = [item for i, item in enumerate(items) if i not in set(on_vllm)]
-        items[:] = rest[: on_vllm[0]] + moved + rest[on_vllm[0] :]
+    on_vllm = {item.nodeid.split("::")[0] for item in items if "vllm_url" in getattr(item, "fixturenames", ())}
+    if not on_vllm <= set(VLLM_FILES):
+        raise pytest.UsageError(f"tests/conftest.py: add {sorted(on_vllm - set(VLLM_FILES))} to VLLM_FILES")
+    rank = {file: i for i, file in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: each file keeps its order
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadfile`, with the files that use the shared vLLM server as one unit: one worker starts it once."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class VLLMFilesTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return "vllm server" if scope in VLLM_FILES else scope
+
+    return VLLMFilesTogether(config, log)

@@ -21,6 +21,7 @@ pytest.importorskip("trl", reason="TRL is the baseline: pip install -e '.[bench]
 
 
 @pytest.mark.slow
+@pytest.mark.bench
 @pytest.mark.timeout(600)
 def test_e2e_quick_writes_sensible_figures(tmp_path: Path) -> None:
     env = clean_env({"HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")})

@@ -24,6 +24,7 @@ def records(run_dir: str) -> list[dict[str, Any]]:
 
 
 @pytest.mark.slow
+@pytest.mark.bench
 @pytest.mark.timeout(900)
 def test_learning_quick_compares_grpo_with_sft_for_the_same_time(tmp_path: Path) -> None:
     env = clean_env({"HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")})

@@ -30,6 +30,7 @@ def finite_values(spread: dict) -> list[float]:
 
 
 @pytest.mark.slow
+@pytest.mark.bench
 def test_scale_quick_writes_sensible_figures(tmp_path: Path) -> None:
     env = os.environ | {"HF_HUB_OFFLINE": "1"}
     env.pop("RAY_ADDRESS", None)  # the suite's jobs.train processes start their own Ray

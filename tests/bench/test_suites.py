@@ -84,6 +84,7 @@ def test_prompt_suite_compact_is_shorter_than_json(tmp_path: Path) -> None:
     assert row["ratio"] > 1 and "compact / json" in out
 
 
+@pytest.mark.bench
 def test_tools_suite(tmp_path: Path) -> None:
     doc, _ = bench(tmp_path, "tools", "--repeats", "1")
     r = doc["report"]
@@ -107,6 +108,7 @@ def test_rollout_suite(tmp_path: Path) -> None:
     assert len(episodes) == 3 and all(row["baseline_name"].startswith("lockstep") for row in episodes)
 
 
+@pytest.mark.bench
 def test_job_suite(tmp_path: Path) -> None:
     """A loopback cluster (`ray start`, its own session folder), then ci-tiny once locally and once through
     `ray job submit` (one step each): both runs' figures, and the submitted/local ratios from them."""

@@ -66,6 +66,7 @@ def test_folder_adapter_unpickles_as_the_folder_contents(tmp_path) -> None:
     assert torch.equal(loaded["state_dict"][next(iter(tensors))], tensors[next(iter(tensors))])
 
 
+@pytest.mark.bench
 def test_train_suite_reports_every_figure(ray_cluster) -> None:
     result = run(BenchOptions(suite="train", quick=True), Console())
     report = result.report
