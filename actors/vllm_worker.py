@@ -4,8 +4,9 @@ rollout engine (actors/vllm_engine.py), imported there by vLLM.
 `reload_weights_quietly` is vLLM's `reload_weights` without its "<Layer>: Failed to load weights" warning
 for layers a pushed checkpoint holds nothing for, which after every push read as errors: a rotary
 embedding (its tables are computed, never stored) and, when the push cannot have changed it, the LM head
-(tied to the embedding in small models, so not in the checkpoint; frozen under LoRA). vLLM keeps their
-tensors as they were. Any other layer that loads nothing still warns.
+(tied to the embedding in small models, so not in the checkpoint; frozen under LoRA), and under LoRA every layer
+outside the adapted blocks (a LoRA push holds only those: actors.engine_api.merged_push_is_partial). vLLM keeps
+their tensors as they were. Any other layer that loads nothing still warns.
 """
 
 from __future__ import annotations
@@ -37,8 +38,10 @@ class NothingToLoad(logging.Filter):
 class QuietReload:
     """Mixed into vLLM's worker class; called with `collective_rpc("reload_weights_quietly", ...)`."""
 
-    def reload_weights_quietly(self, head_unchanged: bool, **kwargs: Any) -> None:
-        quiet = NothingToLoad(("RotaryEmbedding", "ParallelLMHead") if head_unchanged else ("RotaryEmbedding",))
+    def reload_weights_quietly(self, head_unchanged: bool, partial: bool = False, **kwargs: Any) -> None:
+        """`partial`: the push holds only the blocks LoRA adapts, so every other layer loads nothing, by design."""
+        suffixes = ("RotaryEmbedding", "ParallelLMHead") if head_unchanged else ("RotaryEmbedding",)
+        quiet = NothingToLoad(("",) if partial else suffixes)  # every name ends with ""
         logger = logging.getLogger(RELOAD_LOGGER)
         if not verbose():
             logger.addFilter(quiet)

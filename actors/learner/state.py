@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from actors.adapter_io import pack_adapter, write_adapter
+from actors.engine_api import merged_push_is_partial
 from actors.learner.model import ADAPTER, is_trained_adapter, is_value_head
 
 if TYPE_CHECKING:
@@ -67,8 +68,9 @@ class StateIO:
         """The model's weights under the base model's names, on CPU in `model.dtype`, in chunks of whole
         layers (a chunk exceeds `max_chunk_bytes` only when one layer does). Full mode: the trained weights.
         LoRA: the merged weights, W + scaling * B @ A for every LoRA-wrapped linear (computed in float32 on
-        the side: the trained parameters stay as they are), and every other base weight as it is; the
-        adapters themselves are not sent. A collective: every rank must drain it; only rank 0 yields chunks."""
+        the side: the trained parameters stay as they are), with the other weights of their blocks as they are
+        (`_adapted_blocks`: with the default q, k, v, o targets, a fifth of SmolLM2-135M's bytes); the adapters
+        themselves are not sent. A collective: every rank must drain it; only rank 0 yields chunks."""
         import torch
 
         self._require_setup()
@@ -113,7 +115,11 @@ class StateIO:
         on ranks other than 0. PEFT names map to the base's by dropping `base_model.model.` and
         `.base_layer`; a wrapped linear's weight is yielded once its lora_A and lora_B have arrived."""
 
+        blocks = self._adapted_blocks()
+
         def keep(name: str) -> bool:  # the reference adapter, dropouts and a value head are not the policy
+            if blocks and not name.startswith(blocks):
+                return False
             return ("lora_" not in name or is_trained_adapter(name)) and not is_value_head(name)
 
         parts: dict[str, dict[str, torch.Tensor | None]] = {}  # wrapped module -> {"W", "A", "B"}
@@ -143,6 +149,17 @@ class StateIO:
                 yield _base_name(name), full
         if parts:
             raise RuntimeError(f"export_weights: LoRA modules without all of base, lora_A, lora_B: {sorted(parts)[:3]}")
+
+    def _adapted_blocks(self) -> tuple[str, ...]:
+        """LoRA: the name prefixes of the blocks (an attention or MLP module) that hold a LoRA-wrapped linear,
+        the only weights a merge can change; the engines keep every other weight as they loaded it from the
+        model's files. Whole blocks, not just the wrapped linears: an engine that packs q, k and v (or gate
+        and up) into one matrix reloads it only from all its parts. QLoRA: () (everything): its engines must
+        get the learner's dequantized 4-bit base, not the base they loaded."""
+        if not merged_push_is_partial(self.cfg):
+            return ()
+        wrapped = (name for name, module in self.model.named_modules() if hasattr(module, "lora_A"))
+        return tuple(sorted({name.rsplit(".", 1)[0] + "." for name in wrapped}))
 
     def export_weights(self, max_chunk_bytes: int = 256 << 20) -> list[dict[str, torch.Tensor]] | None:
         """`iter_weights` as a list on rank 0 (None elsewhere). A collective."""
