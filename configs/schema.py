@@ -774,14 +774,15 @@ class LearnerConfig(Strict):
     shared_prompt: bool = Field(
         True,
         description="With selective_logits: a GRPO group's prompt is computed once per micro-batch, its "
-        "episodes' responses attending to it (grpo.batch.pack_shared): the same logprobs on fewer tokens; "
-        "false: each episode whole (the old path, kept for comparison).",
+        "episodes' responses attending to it (grpo.batch.pack_shared; attention through "
+        "actors/learner/row_attention.py, which computes only the pairs that attend): the same logprobs on fewer "
+        "tokens; false: each episode whole (the old path, kept for comparison).",
     )
     shared_prompt_when: Literal["cheaper", "always"] = Field(
         "cheaper",
         description="cheaper: a group's prompt is shared only where its row costs less than the episodes whole "
-        "(grpo.batch.share_pays: long responses, such as big tool results, make the row's dense attention cost "
-        "more than the prompt's repeats); always: every group (the old path, kept for comparison).",
+        "(grpo.batch.share_pays: after a short prompt, one long response, such as a big tool result, pads the "
+        "row's attention past what sharing saves); always: every group (the old path, kept for comparison).",
     )
     pad_mask: bool = Field(
         False,

@@ -153,18 +153,19 @@ def prompt_groups(samples: Sequence[Sample]) -> list[list[int]]:
 
 
 def share_pays(prompt: int, responses: Sequence[int], pair_cost: float) -> bool:
-    """Whether one shared-prompt row (the prompt once, then the responses, under a dense mask) costs less
-    than the episodes whole (each under the causal kernel, which skips the masked half).
+    """Whether one shared-prompt row (the prompt once, then the responses) costs less than the episodes whole
+    (each under the causal kernel, which skips the masked half).
 
     Cost ≈ tokens + pair_cost × query-key pairs, `pair_cost` being a pair's cost in tokens (see
-    `attention_pair_cost`). The row saves the prompt's repeats but attends over its whole width: with long responses
-    (a big tool result) whole episodes win. Measured, SmolLM2-135M on the 2-core CPU, a 400-token prompt
-    with 4 responses of 700-820 tokens: one row 25.1 s forward+backward, whole episodes 14.7 s; 4
-    responses of 100 tokens after a 900-token prompt: one row 5.4 s, whole 11.6 s."""
+    `attention_pair_cost`). A row's attention (actors/learner/row_attention.py) is the prompt's causal half, then
+    each response, padded to the longest, against the prompt and itself: it saves the prompt's repeats and
+    pays for padding. Measured with that kernel, SmolLM2-135M in bf16 on the 2-core CPU, one train_step on 4
+    episodes: a 400-token prompt with responses of 700-820 tokens, one row 14.9 s, whole episodes 15.7 s; a
+    900-token prompt with responses of 100 tokens, one row 5.6 s, whole 10.8 s."""
     if pair_cost <= 0:
         return True
-    width = prompt + sum(responses)
-    row = width + pair_cost * width * width
+    longest = max(responses, default=0)
+    row = prompt + sum(responses) + pair_cost * (prompt * prompt / 2 + len(responses) * longest * (prompt + longest))
     whole = sum(prompt + r + pair_cost * (prompt + r) ** 2 / 2 for r in responses)
     return row < whole
 
@@ -250,7 +251,10 @@ def pack_shared(samples: Sequence[Sample | Mapping], pad_id: int, pair_cost: flo
     bool (True = may attend; a pad position attends to itself, so no softmax row is empty); source [N, T−1]
     long: the flat index (b·L + l) of the row position whose hidden state predicts sample token t+1 (the
     same for the first response token of every sample of a row: the prompt's last position), 0 where the
-    sample has no token t+1. With `pair_cost`, a group not worth sharing (`share_pays`) is a row per episode."""
+    sample has no token t+1; row_segments [B, 1 + K] long: each row's prompt length, then its responses'
+    lengths in row order (−1 after them), for actors/learner/row_attention.py, which computes the rows'
+    attention without the mask's masked pairs. With `pair_cost`, a group not worth sharing (`share_pays`) is a
+    row per episode."""
     batch = [as_sample(s, i) for i, s in enumerate(samples)]
     out = pack(batch, pad_id)
     # one row per prompt group (micro-batches were split already), unless sharing does not pay
@@ -260,6 +264,7 @@ def pack_shared(samples: Sequence[Sample | Mapping], pad_id: int, pair_cost: flo
     positions = torch.zeros((len(rows), width), dtype=torch.long)
     mask = torch.eye(width, dtype=torch.bool).repeat(len(rows), 1, 1)
     source = torch.zeros(out["loss_mask"].shape, dtype=torch.long)
+    segments = torch.full((len(rows), 1 + max(len(row) for row in rows)), -1, dtype=torch.long)
     causal = torch.ones((width, width), dtype=torch.bool).tril()
     for b, row in enumerate(rows):
         prompt = batch[row[0]].prompt_ids
@@ -267,6 +272,7 @@ def pack_shared(samples: Sequence[Sample | Mapping], pad_id: int, pair_cost: flo
         ids[b, :p] = torch.tensor(prompt, dtype=torch.long)
         positions[b, :p] = torch.arange(p)
         mask[b, :p, :p] = causal[:p, :p]
+        segments[b, : 1 + len(row)] = torch.tensor([p, *(len(batch[i].response_ids) for i in row)])
         at = p
         for i in row:
             r = len(batch[i].response_ids)
@@ -279,7 +285,7 @@ def pack_shared(samples: Sequence[Sample | Mapping], pad_id: int, pair_cost: flo
             here = torch.cat([torch.arange(p), torch.arange(at, at + r - 1)]) if r else torch.arange(p - 1)
             source[i, : here.numel()] = b * width + here
             at += r
-    out.update(rows=ids, row_positions=positions, row_mask=mask[:, None], source=source)
+    out.update(rows=ids, row_positions=positions, row_mask=mask[:, None], source=source, row_segments=segments)
     return out
 
 

@@ -201,6 +201,7 @@ class ForwardPasses:
                     "input_ids": packed["rows"].to(dev),
                     "position_ids": packed["row_positions"].to(dev),
                     "attention_mask": packed["row_mask"].to(dev),
+                    "row_segments": [[n for n in row if n >= 0] for row in packed["row_segments"].tolist()],
                 }
         if adapter is not None:  # PEFT's per-row adapter choice
             kwargs["adapter_names"] = [adapter] * inputs["input_ids"].shape[0]

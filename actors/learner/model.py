@@ -29,6 +29,7 @@ class PolicyModels:
     def _build_policy(self) -> nn.Module:
         import torch
 
+        from actors.learner.row_attention import use_row_attention
         from actors.models import load_causal_lm
 
         if self.qlora:
@@ -44,6 +45,8 @@ class PolicyModels:
             base = load_causal_lm(self.cfg.model.model_copy(update={"dtype": "float32"}))  # fp32 master weights
             base.requires_grad_(True)
         base.config.use_cache = False
+        if self._shared:
+            use_row_attention(base)
         self.hidden_size = int(getattr(base.config, "hidden_size", 0) or 0)
         if self.cfg.learner.gradient_checkpointing:
             # Non-reentrant: works with frozen inputs (LoRA) and with FSDP2's hooks.
@@ -109,6 +112,7 @@ class PolicyModels:
             raise ValueError(f"finetune.lora.target_modules {lc.target_modules} do not fit the model: {e}") from e
 
     def _build_reference_model(self) -> None:
+        from actors.learner.row_attention import use_row_attention
         from actors.models import load_causal_lm
 
         assert self.backend is not None
@@ -116,6 +120,8 @@ class PolicyModels:
         # ema accumulates small steps: float32; otherwise the compute dtype is enough.
         dtype = "float32" if ln.reference == "ema" else ln.dtype
         ref = load_causal_lm(self.cfg.model.model_copy(update={"dtype": dtype}))
+        if self._shared:
+            use_row_attention(ref)
         if ln.reference_cpu_offload:
             self.ref_kind = "offloaded_model"  # whole, on the CPU; every rank scores its own samples with it
         else:

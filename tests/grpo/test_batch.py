@@ -162,12 +162,14 @@ def test_split_shared_keeps_groups_together_within_the_budget() -> None:
 
 
 def test_share_pays_only_while_the_prompt_outweighs_the_row_attention() -> None:
-    """grpo.batch.share_pays: the measured shapes (SmolLM2-135M's constant) decide as measured; pair cost 0
-    always shares; one episode is never worth a row of its own with a dense mask."""
+    """grpo.batch.share_pays: the measured shapes (SmolLM2-135M's constant) decide as measured; one long
+    response among short ones pads the row's attention past what sharing a short prompt saves; pair cost 0
+    always shares; one episode is never worth a row of its own."""
     cost = attention_pair_cost(576)
-    assert share_pays(900, [100] * 4, cost)  # one row 5.4 s, whole 11.6 s
-    assert not share_pays(400, [760, 700, 820, 780], cost)  # one row 25.1 s, whole 14.7 s
-    assert share_pays(400, [760, 700, 820, 780], 0.0)
+    assert share_pays(900, [100] * 4, cost)  # one row 5.6 s, whole 10.8 s
+    assert share_pays(400, [760, 700, 820, 780], cost)  # one row 14.9 s, whole 15.7 s
+    assert not share_pays(20, [800, 100, 100, 100], cost)
+    assert share_pays(20, [800, 100, 100, 100], 0.0)
     assert not share_pays(400, [300], cost)
 
 
