@@ -3,9 +3,12 @@
 Why not `model.generate`: the chosen token's logprob must come from the very forward pass that
 sampled it, and requests with different sampling knobs must share one batch.
 
-- Dynamic micro-batching: concurrent `generate` calls wait up to `hf_batch_wait_ms` for company
-  and run together (at most `hf_max_batch_size`), left-padded, with a KV cache. A batch runs until
-  all of its requests finish; requests arriving meanwhile form the next batch.
+- Continuous batching: concurrent `generate` calls wait up to `hf_batch_wait_ms` for company and
+  run together (at most `hf_max_batch_size`), left-padded, with a KV cache. Requests arriving while a
+  batch runs join it between two decode steps (prefilled on their own, then their KV cache stacked onto
+  the batch's, left-padded to one width), and a finished request leaves at once: a multi-turn episode's
+  next turn need not wait for the slowest request of the batch before it. A batch holds one version;
+  while `update_weights` waits, no request joins, so the batch drains.
 - Logprobs: `log_softmax` of the raw logits (before temperature, top-p and repetition penalty),
   in float32: what the learner computes for the same tokens.
 - Sampling knobs per row: temperature (0 = greedy), top-p, repetition penalty (HF's rule), and a
@@ -75,6 +78,56 @@ class _Request:
     arrived: float = field(default_factory=time.monotonic)
 
 
+@dataclass
+class _Row:
+    """A request in a running batch: its sampling state and what it generated so far."""
+
+    req: _Request
+    gen: torch.Generator | None
+    seen: set[int]  # for the repetition penalty
+    stop_window: int  # tokens whose text may hold a stop string
+    started: float  # when its prefill began
+    batch: int  # the most rows it shared a batch with
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    first_token_s: float = 0.0
+    finish: str | None = None
+
+
+@dataclass
+class _Running:
+    """A batch in flight: its rows, their KV cache and attention mask [n, width] (left padding 0), each row's
+    position and sampled token to feed next."""
+
+    rows: list[_Row]
+    cache: Any
+    mask: torch.Tensor
+    positions: torch.Tensor  # [n, 1]
+    next_ids: torch.Tensor  # [n]
+    adapter: str  # PEFT adapter name of the batch's version
+
+    def pop_finished(self) -> list[_Row]:
+        """Drop finished rows from the batch (cache, mask and inputs too) and the left padding no row needs."""
+        done = [row for row in self.rows if row.finish is not None]
+        if not done:
+            return []
+        keep = [i for i, row in enumerate(self.rows) if row.finish is None]
+        self.rows = [self.rows[i] for i in keep]
+        if not keep:
+            return done
+        import torch
+
+        index = torch.tensor(keep, device=self.mask.device)
+        self.mask, self.positions, self.next_ids = self.mask[index], self.positions[index], self.next_ids[index]
+        self.cache.batch_select_indices(index)
+        cut = int(self.mask.any(0).int().argmax())  # columns of padding in every row
+        if cut:
+            self.mask = self.mask[:, cut:]
+            for layer in self.cache.layers:
+                layer.keys, layer.values = layer.keys[:, :, cut:], layer.values[:, :, cut:]
+        return done
+
+
 class HFEngine:
     """`RolloutEngine` on transformers (+PEFT), CPU or CUDA."""
 
@@ -94,6 +147,7 @@ class HFEngine:
         self._pending: list[_Request] = []
         self._work: asyncio.Event | None = None
         self._batch_turn: asyncio.Lock | None = None  # held by a running batch; update_weights waits on it
+        self._updates_waiting = 0  # update_weights calls waiting for the running batch: no request joins it
         self._model_lock = threading.Lock()  # one decode step or one adapter change at a time
         self._scheduler: asyncio.Task[None] | None = None
         self._closed = False
@@ -166,115 +220,180 @@ class HFEngine:
             if len(self._pending) < self._rollout.hf_max_batch_size and self._rollout.hf_batch_wait_ms > 0:
                 await asyncio.sleep(self._rollout.hf_batch_wait_ms / 1000)  # let company arrive
             async with self._batch_turn:
-                self._pending = [r for r in self._pending if not r.future.done()]  # cancelled callers
-                if not self._pending:
-                    self._work.clear()
+                first = self._admissible(None, self._rollout.hf_max_batch_size)
+                if not first:
                     continue
-                version = self._pending[0].version  # oldest first; a batch holds one version
-                batch = [r for r in self._pending if r.version == version][: self._rollout.hf_max_batch_size]
-                chosen = {id(r) for r in batch}
-                self._pending = [r for r in self._pending if id(r) not in chosen]
-                if not self._pending:
-                    self._work.clear()
+                version = first[0].version
                 # The batch pins its version too: callers that go away must not free its slot mid-batch.
                 self._pinned[version] += 1
+                running: _Running | None = None
                 try:
-                    results = await asyncio.to_thread(self._decode, batch)
+                    running = await asyncio.to_thread(self._prefill, first)
+                    while True:
+                        self._resolve(running.pop_finished())
+                        room = self._rollout.hf_max_batch_size - len(running.rows)
+                        joining = self._admissible(version, room) if not self._updates_waiting else []
+                        if joining:  # continuous batching: new requests join between two decode steps
+                            running = await asyncio.to_thread(self._join, running, joining)
+                            self._resolve(running.pop_finished())
+                        if not running.rows:
+                            break
+                        await asyncio.to_thread(self._step, running)
                 except Exception as e:  # a failed batch fails its requests, not the engine
-                    log.exception("HF engine: batch of %d failed", len(batch))
-                    for r in batch:
+                    log.exception("HF engine: a batch failed")
+                    rows = running.rows if running is not None else []
+                    for r in [*first, *(row.req for row in rows)]:
                         if not r.future.done():
                             r.future.set_exception(EngineUnavailable(f"generation failed: {e!r}"))
-                    continue
                 finally:
                     self._pinned[version] -= 1
-                for r, gen in zip(batch, results, strict=True):
-                    if not r.future.done():
-                        r.future.set_result(gen)
+
+    def _admissible(self, version: int | None, room: int) -> list[_Request]:
+        """Up to `room` queued requests of `version` (None: the oldest request's), oldest first, taken off the
+        queue; cancelled callers are dropped. A batch holds one version."""
+        assert self._work is not None
+        self._pending = [r for r in self._pending if not r.future.done()]
+        if version is None and self._pending:
+            version = self._pending[0].version
+        chosen = [r for r in self._pending if r.version == version][: max(room, 0)]
+        taken = {id(r) for r in chosen}
+        self._pending = [r for r in self._pending if id(r) not in taken]
+        if not self._pending:
+            self._work.clear()
+        return chosen
+
+    def _resolve(self, rows: list[_Row]) -> None:
+        """Finished rows' results to their callers (on the event loop: futures are not thread-safe)."""
+        now = time.monotonic()
+        for row in rows:
+            r = row.req
+            self._stats["requests"] += 1
+            self._stats["tokens"] += len(row.token_ids)
+            if not r.future.done():
+                timings = {
+                    "queue_s": row.started - r.arrived,
+                    "first_token_s": row.first_token_s,
+                    "generate_s": now - row.started,
+                    "batch": row.batch,
+                }
+                r.future.set_result(
+                    Generation(row.token_ids, row.logprobs, row.finish or "abort", r.version, timings=timings)
+                )
 
     # ------------------------------------------------------------------ the decoding loop
 
-    def _decode(self, batch: list[_Request]) -> list[Generation]:
+    def _prefill(self, requests: list[_Request]) -> _Running:
+        """A batch of new requests: their prompts left-padded through one forward with a fresh KV cache, and
+        each row's first token sampled."""
         import torch
 
         t0 = time.monotonic()
         dev = self._device
-        n = len(batch)
-        width = max(len(r.prompt) for r in batch)
+        n = len(requests)
+        width = max(len(r.prompt) for r in requests)
         ids = torch.full((n, width), self._pad_id, dtype=torch.long)
         mask = torch.zeros((n, width), dtype=torch.long)
-        for i, r in enumerate(batch):
+        for i, r in enumerate(requests):
             ids[i, width - len(r.prompt) :] = torch.tensor(r.prompt)
             mask[i, width - len(r.prompt) :] = 1
         ids, mask = ids.to(dev), mask.to(dev)
         # Explicit positions: with left padding each row's first real token is position 0.
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        generators = [self._generator(r.sampling.seed) for r in batch]
-        stops = [r.sampling.stop for r in batch]
-        stop_window = [max((len(s) for s in st), default=0) + 2 for st in stops]  # tokens are >= 1 char
-        out_ids: list[list[int]] = [[] for _ in batch]
-        out_lp: list[list[float]] = [[] for _ in batch]
-        finish: list[str | None] = [None] * n
-        seen = [set(r.prompt) for r in batch]  # for the repetition penalty
-        slot = self._slot_of.get(batch[0].version)  # fixed while the batch pins its version
-        adapter_names = [slot.name if slot is not None else _BASE] * n
-        cache = None
-        step_input = ids
-        first_token_s = 0.0
-        while True:
-            with self._model_lock, torch.inference_mode():
-                out = self._model(
-                    input_ids=step_input,
-                    attention_mask=mask,
-                    position_ids=positions,
-                    past_key_values=cache,
-                    use_cache=True,
-                    logits_to_keep=1,
-                    # Per step: a first adapter load wraps the model in PEFT between two steps.
-                    **({"adapter_names": adapter_names} if self._is_peft() else {}),
-                )
-            cache = out.past_key_values
-            logits = out.logits[:, -1, :].float()
-            logprobs = torch.log_softmax(logits, dim=-1)  # before any sampling transform: the learner's view
-            next_ids = torch.full((n,), self._pad_id, dtype=torch.long)
-            for i, r in enumerate(batch):
-                if finish[i] is not None:
-                    continue
-                if r.future.done():  # the caller went away
-                    finish[i] = "abort"
-                    continue
-                tok = self._sample(logits[i], r.sampling, seen[i], generators[i])
-                next_ids[i] = tok
-                out_ids[i].append(tok)
-                out_lp[i].append(float(logprobs[i, tok]))
-                seen[i].add(tok)
-                if tok in self._eos:
-                    finish[i] = "stop"
-                elif stops[i] and self._hit_stop(out_ids[i][-stop_window[i] :], stops[i]):
-                    finish[i] = "stop"
-                elif len(out_ids[i]) >= r.sampling.max_new_tokens:
-                    finish[i] = "length"
-            if not first_token_s:
-                first_token_s = time.monotonic() - t0
-            if all(f is not None for f in finish):
-                break
-            step_input = next_ids.to(dev).unsqueeze(1)
-            mask = torch.cat([mask, torch.ones((n, 1), dtype=mask.dtype, device=dev)], dim=1)
-            positions = positions[:, -1:] + 1
-        elapsed = time.monotonic() - t0
-        self._stats["batches"] += 1
-        self._stats["requests"] += n
-        self._stats["tokens"] += sum(len(o) for o in out_ids)
-        return [
-            Generation(
-                token_ids=out_ids[i],
-                logprobs=out_lp[i],
-                finish_reason=finish[i] or "abort",
-                version=r.version,
-                timings={"queue_s": t0 - r.arrived, "first_token_s": first_token_s, "generate_s": elapsed, "batch": n},
+        rows = [
+            _Row(
+                req=r,
+                gen=self._generator(r.sampling.seed),
+                seen=set(r.prompt),
+                stop_window=max((len(st) for st in r.sampling.stop), default=0) + 2,  # tokens are >= 1 char
+                started=t0,
+                batch=n,
             )
-            for i, r in enumerate(batch)
+            for r in requests
         ]
+        slot = self._slot_of.get(requests[0].version)  # fixed while the batch pins its version
+        running = _Running(rows, None, mask, positions[:, -1:], ids[:, -1], slot.name if slot is not None else _BASE)
+        self._forward(running, ids, positions)
+        self._stats["batches"] += 1
+        return running
+
+    def _step(self, running: _Running) -> None:
+        """One decode step of every row: its last sampled token in, its next token sampled."""
+        import torch
+
+        running.mask = torch.cat([running.mask, torch.ones_like(running.mask[:, :1])], dim=1)
+        running.positions = running.positions + 1
+        self._forward(running, running.next_ids[:, None], running.positions)
+
+    def _forward(self, running: _Running, step_input: torch.Tensor, positions: torch.Tensor) -> None:
+        """One forward of `step_input` (prompts, or each row's last token) through the batch's KV cache, then
+        each unfinished row's next token sampled."""
+        import torch
+
+        with self._model_lock, torch.inference_mode():
+            out = self._model(
+                input_ids=step_input,
+                attention_mask=running.mask,
+                position_ids=positions,
+                past_key_values=running.cache,
+                use_cache=True,
+                logits_to_keep=1,
+                # Per step: a first adapter load wraps the model in PEFT between two steps.
+                **({"adapter_names": [running.adapter] * len(running.rows)} if self._is_peft() else {}),
+            )
+        running.cache = out.past_key_values
+        logits = out.logits[:, -1, :].float()
+        logprobs = torch.log_softmax(logits, dim=-1)  # before any sampling transform: the learner's view
+        next_ids = torch.full((len(running.rows),), self._pad_id, dtype=torch.long)
+        now = time.monotonic()
+        for i, row in enumerate(running.rows):
+            r = row.req
+            if row.finish is not None:
+                continue
+            if r.future.done():  # the caller went away
+                row.finish = "abort"
+                continue
+            tok = self._sample(logits[i], r.sampling, row.seen, row.gen)
+            next_ids[i] = tok
+            row.token_ids.append(tok)
+            row.logprobs.append(float(logprobs[i, tok]))
+            row.seen.add(tok)
+            if not row.first_token_s:
+                row.first_token_s = now - row.started
+            if tok in self._eos:
+                row.finish = "stop"
+            elif r.sampling.stop and self._hit_stop(row.token_ids[-row.stop_window :], r.sampling.stop):
+                row.finish = "stop"
+            elif len(row.token_ids) >= r.sampling.max_new_tokens:
+                row.finish = "length"
+        running.next_ids = next_ids.to(running.mask.device)
+
+    def _join(self, running: _Running, requests: list[_Request]) -> _Running:
+        """The running batch with `requests` prefilled and added: both KV caches left-padded to one width and
+        stacked (padding is masked out, and each row keeps its own positions). A cache this engine cannot
+        stack (sliding-window or quantized layers) refuses; the requests then wait for the next batch."""
+        import torch
+        import torch.nn.functional as F
+
+        joining = self._prefill(requests)
+        self._stats["batches"] -= 1  # not a batch of its own
+        self._stats["joined"] += len(requests)
+        if not running.rows:
+            return joining
+        a, b = running.mask.shape[1], joining.mask.shape[1]
+        width = max(a, b)
+        layers = list(zip(running.cache.layers, joining.cache.layers, strict=True))
+        if any(type(x).__name__ != "DynamicLayer" or type(y).__name__ != "DynamicLayer" for x, y in layers):
+            raise EngineError(f"HF engine: cannot join requests to a {type(layers[0][0]).__name__} cache")
+        for x, y in layers:
+            x.keys = torch.cat([F.pad(x.keys, (0, 0, width - a, 0)), F.pad(y.keys, (0, 0, width - b, 0))])
+            x.values = torch.cat([F.pad(x.values, (0, 0, width - a, 0)), F.pad(y.values, (0, 0, width - b, 0))])
+        running.mask = torch.cat([F.pad(running.mask, (width - a, 0)), F.pad(joining.mask, (width - b, 0))])
+        running.positions = torch.cat([running.positions, joining.positions])
+        running.next_ids = torch.cat([running.next_ids, joining.next_ids])
+        running.rows += joining.rows
+        for row in running.rows:
+            row.batch = max(row.batch, len(running.rows))
+        return running
 
     def _generator(self, seed: int | None) -> torch.Generator | None:
         import torch
@@ -426,7 +545,12 @@ class HFEngine:
         batch; requests queued meanwhile run on the new weights."""
         assert self._batch_turn is not None
         t0 = time.monotonic()
-        async with self._batch_turn:
+        self._updates_waiting += 1
+        try:
+            await self._batch_turn.acquire()
+        finally:
+            self._updates_waiting -= 1
+        try:
             params = self._param_index()
             copied = 0
             if isinstance(chunks, AsyncIterable):
@@ -443,6 +567,8 @@ class HFEngine:
                 self._pinned[r.version] -= 1
                 r.version = version
                 self._pinned[version] += 1
+        finally:
+            self._batch_turn.release()
         self._stats["weight_updates"] += 1
         await self._collect_adapters()  # new requests run without an adapter now (as on vLLM)
         log.info("HF engine: weights v%d (%d tensors) in %.2f s", version, copied, time.monotonic() - t0)
