@@ -90,5 +90,7 @@ async def test_merged_push_serves_the_merged_model(capfd: pytest.CaptureFixture[
     assert stats["weight_updates"] == 1 and stats["prefix_cache_queries"] >= len(PROMPT)
     assert 0 <= stats["prefix_cache_hits"] <= stats["prefix_cache_queries"]
     # vLLM's worker warned after every push about the layers a checkpoint never holds (rotary tables, the tied
-    # LM head under LoRA): actors/vllm_worker.py keeps that off the console (capfd: the worker's own stderr).
-    assert "Failed to load weights" not in capfd.readouterr().err
+    # LM head under LoRA, every block outside the adapted ones): actors/vllm_worker.py keeps that off the console
+    # (capfd: the worker's own stderr).
+    err = capfd.readouterr().err
+    assert "Failed to load weights" not in err and "not loaded from checkpoint" not in err
