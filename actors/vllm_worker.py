@@ -76,13 +76,15 @@ class QuietReload:
 
     def reload_weights_quietly(self, head_unchanged: bool, partial: bool = False, **kwargs: Any) -> None:
         """`partial`: the push holds only the blocks LoRA adapts, so every other layer loads nothing, by design."""
-        suffixes = ("RotaryEmbedding", "ParallelLMHead") if head_unchanged else ("RotaryEmbedding",)
-        filters = [(logging.getLogger(RELOAD_LOGGER), NothingToLoad(("",) if partial else suffixes))]  # all end with ""
-        if partial:
-            blocks = pushed_blocks(checkpoint_names(kwargs["weights_path"]))
-            filters.append((logging.getLogger(UNLOADED_LOGGER), OutsidePushedBlocks(blocks)))
-        if verbose():
-            filters = []
+        filters: list[tuple[logging.Logger, logging.Filter]] = []
+        if not verbose():
+            suffixes = ("RotaryEmbedding", "ParallelLMHead") if head_unchanged else ("RotaryEmbedding",)
+            if partial:
+                suffixes = ("",)  # every layer name ends with ""
+            filters.append((logging.getLogger(RELOAD_LOGGER), NothingToLoad(suffixes)))
+            if partial:
+                blocks = pushed_blocks(checkpoint_names(kwargs["weights_path"]))
+                filters.append((logging.getLogger(UNLOADED_LOGGER), OutsidePushedBlocks(blocks)))
         for logger, quiet in filters:
             logger.addFilter(quiet)
         try:
