@@ -237,15 +237,19 @@ def _kill(proc: asyncio.subprocess.Process) -> None:
 
 
 async def _read_capped(stream: asyncio.StreamReader, cap: int, on_overflow: Callable[[], None]) -> tuple[bytes, bool]:
-    """Read at most `cap` bytes; on more, call `on_overflow` (which kills the sandbox) and stop."""
-    buf = bytearray()
+    """Keep at most `cap` bytes; on more, call `on_overflow` (which kills the sandbox) and discard the rest
+    up to EOF. Reading on matters: a stream left with over twice its limit buffered pauses its pipe, which
+    then never sees EOF, and `proc.wait()` waits for every pipe to close (it would end at the wall limit)."""
+    buf, over = bytearray(), False
     while chunk := await stream.read(_CHUNK):
+        if over:
+            continue
         room = cap - len(buf)
         buf += chunk[:room]
         if len(chunk) > room:
+            over = True
             on_overflow()
-            return bytes(buf), True
-    return bytes(buf), False
+    return bytes(buf), over
 
 
 async def _drain(proc: asyncio.subprocess.Process) -> None:

@@ -264,6 +264,18 @@ async def test_huge_output_is_truncated_quickly():
     assert res.stderr_truncated and len(res.stderr) == 1024
 
 
+async def test_an_overflowing_stream_is_read_to_its_end():
+    """What follows the cap is read and dropped. A stream left with over twice its limit buffered pauses its pipe,
+    which then never sees EOF; proc.wait() waits for every pipe, so a flooding run under CPU load used to end at
+    the wall limit instead of the output limit."""
+    stream = asyncio.StreamReader(limit=1024)
+    stream.feed_data(b"x" * 3 * sandbox._CHUNK)  # more than one read takes
+    stream.feed_eof()
+    kills: list[int] = []
+    data, over = await sandbox._read_capped(stream, 100, lambda: kills.append(1))
+    assert (data, over, kills) == (b"x" * 100, True, [1]) and stream.at_eof()
+
+
 # --------------------------------------------------------------------------- concurrency and cancellation
 
 
@@ -300,13 +312,6 @@ async def test_concurrent_runs_do_not_share_a_process_budget():
 
 
 @needs_bwrap
-@pytest.mark.xfail(
-    raises=SandboxError,
-    strict=False,
-    reason="known bug, not yet found: under CPU load one of the 24 sandboxes now and then outlives the output "
-    "limit's kill and ends at the wall limit instead (2 of 3 fresh-clone make test runs on 2026-12-06; reproduced "
-    "alone beside two busy loops: a flood run, 1 iteration in 4). Any other failure still fails the test.",
-)
 async def test_many_concurrent_runs_all_complete():
     """Runs that start and end interleaved must not disturb each other's pipes and fds."""
     # The flood never ends by itself, so only the output limit's kill (-9) can stop it, however loaded the machine.
