@@ -4,6 +4,8 @@
   rather than in a worker process of its own: one vLLM import and process start fewer, ~20 s less per engine
   start on 2 cores. That executor binds no threads, so the engine core inherits this process's cores and
   threads: in a Ray actor, `EngineHost` sets both to the engine's slice (its affinity and OMP_NUM_THREADS).
+  Dynamo is off there too (TORCHDYNAMO_DISABLE): the model runs eager on CPU, and what vLLM still compiles,
+  its sampler's logprob ranks, cost ~4 s of every start for a count as fast eager.
 
 - Requests: `TokensPrompt` in, the engine's own token ids out; `SamplingParams(logprobs=0)` puts
   the chosen token's logprob in each step's dict (vLLM's default: raw logits, before temperature,
@@ -141,6 +143,7 @@ class VLLMEngine:
         if cpu:
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(self._rollout.vllm_kv_cache_gb)))
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the model in the engine core (module doc)
+            os.environ["TORCHDYNAMO_DISABLE"] = "1"  # the sampler's logprob ranks eager (module doc)
         # rollout.weight_push merged: LoRA runs get merged full weights, so the engine needs no LoRA (faster).
         lora = weight_push(self.cfg) == "adapter"
         self._root.mkdir(parents=True, exist_ok=True)

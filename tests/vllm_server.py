@@ -76,6 +76,7 @@ def vllm_server(log_dir: Path, model: str = MODEL) -> Iterator[str]:
         **os.environ,
         "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of RAM for the KV cache
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the model in the engine core, as actors/vllm_engine.py runs it
+        "TORCHDYNAMO_DISABLE": "1",  # the sampler's logprob ranks eager, as actors/vllm_engine.py runs them
         "HF_HUB_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1",  # nothing leaves the machine
         "DO_NOT_TRACK": "1",
