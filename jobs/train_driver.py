@@ -172,20 +172,30 @@ class Driver:
         )
 
     async def _start_services(self) -> tuple[RolloutGroup, LearnerGroup]:
-        """Serve, then the tool pool's and the judge's applications followed by the rollout group, beside the
-        learner group where they may start at once (orchestration/startup.py). Serve comes first: its proxy
-        binds its port as it starts, and a port chosen free could be taken by a process starting beside it."""
+        """Serve, the tool pool and the judge, the rollout group and the learner group, each as soon as what it
+        needs is up. The engines start at once: they need none of the others, and bind no port. Serve starts
+        beside them, and before the learners: its proxy binds its port as it starts, and the port the learners
+        choose free for their rendezvous could be taken by it. The pool's and the judge's applications deploy
+        once Serve is up, and the runners start once they are deployed. The learners start beside the rollout
+        group where they may (orchestration/startup.py)."""
         from orchestration.startup import start_groups
         from serve_apps.tool_pool import serve_pool_at
 
-        print("deploying the MCP tool pool on Ray Serve", flush=True)
-        at = serve_pool_at(self.cfg.tools)
-        rollout, learner = await start_groups(self.cfg, lambda: self._start_rollout(at), self._start_learner)
+        # Serve's calls block: on a thread. A thread cannot be cancelled: a start that fails or is cancelled
+        # (SIGTERM) while Serve starts or the pool deploys waits for them (seconds; _start_rollout), so that
+        # close() finds and removes what they started.
+        serving = asyncio.ensure_future(asyncio.to_thread(serve_pool_at, self.cfg.tools))
+
+        async def start_learner() -> LearnerGroup:
+            await asyncio.shield(serving)
+            return await self._start_learner()
+
+        rollout, learner = await start_groups(self.cfg, lambda: self._start_rollout(serving), start_learner)
         return rollout, learner
 
-    async def _start_rollout(self, at: ServeAddress) -> RolloutGroup:
-        """The tool pool's and the judge's applications (Serve is up at `at`), then the rollout group over
-        them, started."""
+    async def _start_rollout(self, serving: asyncio.Future[ServeAddress]) -> RolloutGroup:
+        """The rollout group: its engines start now, its runners once `serving` is up and the tool pool's and
+        the judge's applications are deployed on it."""
         from actors.engine_api import weight_push
         from cluster.metrics import metrics_run
         from orchestration.rollout_group import RolloutGroup
@@ -193,27 +203,32 @@ class Driver:
 
         cfg, up = self.cfg, self.services
 
-        def deploy() -> None:
+        def deploy(at: ServeAddress) -> None:
             up.pool = deploy_pool(cfg.tools, metrics_run(cfg), at)
             up.judge = start_judge(cfg)
 
-        # Serve's calls block: on a thread, so the learner's start goes on meanwhile. A thread cannot be
-        # cancelled: a run cancelled mid-deployment (SIGTERM) waits for it (seconds), so that close() finds and
-        # removes what it deployed.
-        deploying = asyncio.ensure_future(asyncio.to_thread(deploy))
-        try:
+        async def deploy_tools() -> None:
+            at = await asyncio.shield(serving)
+            print("deploying the MCP tool pool on Ray Serve", flush=True)
+            await asyncio.to_thread(deploy, at)
+
+        async def tools() -> tuple[Any, Any]:
             await asyncio.shield(deploying)
-        except asyncio.CancelledError:
-            with contextlib.suppress(Exception):
-                await deploying
-            raise
+            return up.pool, up.runner_judge()
+
         print(
             f"starting {cfg.rollout.engines} rollout engine(s) and {cfg.rollout.runners} runner(s); "
             f"policy push: {weight_push(cfg)}",
             flush=True,
         )
-        up.rollout = RolloutGroup(cfg, up.pool, judge=up.runner_judge())
-        await up.rollout.start()
+        deploying = asyncio.ensure_future(deploy_tools())
+        up.rollout = RolloutGroup(cfg, None)
+        try:
+            await up.rollout.start(tools())
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await deploying
+            raise
         return up.rollout
 
     async def _start_learner(self) -> LearnerGroup:

@@ -3,6 +3,7 @@ group and the learner group on Ray, and its tracker; and how they stop."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -64,19 +65,30 @@ class Services:
         return counts
 
     async def close(self) -> None:
-        """Serve apps first: they are detached and outlive the driver; the actors die with it anyway."""
+        """Stop everything at once (the engines' stop takes seconds). Serve's apps are detached and outlive the
+        driver, so an error removing them is raised once the groups have stopped; the actors die with the
+        driver anyway, so stopping one group that fails is a warning and does not keep the others running."""
         from serve_apps.tool_pool import undeploy_pool
 
-        if self.runner_judge() is not None:
-            from envs.judge_serve import undeploy_judge
+        def undeploy() -> None:
+            if self.runner_judge() is not None:
+                from envs.judge_serve import undeploy_judge
 
-            undeploy_judge(self.judge)
-        if self.pool is not None:
-            undeploy_pool(self.pool)
-        for what, group in (("rollout", self.rollout), ("learner", self.learner)):
+                undeploy_judge(self.judge)
+            if self.pool is not None:
+                undeploy_pool(self.pool)
+
+        async def stop(what: str, group: RolloutGroup | LearnerGroup | None) -> None:
             if group is None:
-                continue
+                return
             try:
                 await group.shutdown()
-            except Exception as e:  # stopping one role must not keep the others running
+            except Exception as e:
                 log.warning("stopping the %s failed: %s", what, e)
+
+        undeployed, *_ = await asyncio.gather(
+            asyncio.to_thread(undeploy), stop("rollout", self.rollout), stop("learner", self.learner),
+            return_exceptions=True,
+        )  # fmt: skip
+        if isinstance(undeployed, BaseException):
+            raise undeployed

@@ -40,7 +40,7 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 from actors.trajectory import Trajectory
@@ -93,22 +93,14 @@ class RolloutGroup(PolicyPushes):
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def start(self) -> None:
-        from ray import cloudpickle
-
+    async def start(self, tools: Awaitable[tuple[Any, Any]] | None = None) -> None:
+        """Start the engines and then the runners over them. `tools`: where the tool pool and the judge are
+        still being deployed, an awaitable of (tool pool, judge), which replace those given to the constructor;
+        the engines start meanwhile (they need neither), the runners once it is done."""
         if self.engines:
             raise RolloutGroupError("RolloutGroup.start() was already called")
-        for what, obj, hint in (
-            ("tool pool", self.tool_pool, "the ServeToolPool that deploy_pool returned"),
-            ("judge", self.judge, "the JudgeHandle that deploy_judge returned, or None"),
-        ):
-            try:
-                cloudpickle.dumps(obj)
-            except Exception as e:
-                raise TypeError(
-                    f"the {what} ({type(obj).__name__}) does not pickle, so runner actors cannot use it: "
-                    f"pass {hint} ({type(e).__name__}: {e})"
-                ) from e
+        if tools is None:
+            self._check_pickles()
         from ray.util.placement_group import placement_group
 
         r = self.cfg.rollout
@@ -124,27 +116,17 @@ class RolloutGroup(PolicyPushes):
             for i in range(r.engines):  # one at a time: a failed start shuts down those already started
                 name = actor_name(self.cfg.run_name, "engine", i)
                 self.engines.append(start_named(remote_class(EngineHost), name, self._engine_options(i), self.cfg, i))
-            # The runners boot (a process, its imports, the tokenizer) while the engines start: a runner calls
-            # no engine before its first episode, and booting one after the other cost seconds of every start.
-            for i in range(r.runners):
-                name = actor_name(self.cfg.run_name, "runner", i)
-                self.runners.append(
-                    start_named(remote_class(RunnerHost), name, self._runner_options(), *self._runner_args())
-                )
-            runners_up = asyncio.ensure_future(
-                self._within(
-                    asyncio.gather(*(h.stats.remote() for h in self.runners)),
-                    f"placing {r.runners} runner actor(s) ({r.runner_resources.describe()} each)",
-                )
-            )
+            # The runners boot (a process, its imports, the tokenizer) while the engines start: a runner calls no
+            # engine before its first episode, and booting one after the other cost seconds of every start.
+            both = [asyncio.ensure_future(self._start_engines()), asyncio.ensure_future(self._start_runners(tools))]
             try:
-                await self._start_engines()
+                await asyncio.gather(*both)  # the first failure, as it happens
             except BaseException:
-                runners_up.cancel()
-                with contextlib.suppress(BaseException):  # its own failure, if any, is not the one to report
-                    await runners_up
+                for f in both:
+                    f.cancel()
+                with contextlib.suppress(BaseException):  # their own failures are not the one to report
+                    await asyncio.gather(*both)
                 raise
-            await runners_up
         except BaseException:
             await self.shutdown()
             raise
@@ -153,6 +135,38 @@ class RolloutGroup(PolicyPushes):
             for p in self.placements
         )
         log.info("rollout group: %d engine(s) (%s), %d runner(s)", len(self.engines), engines, len(self.runners))
+
+    async def _start_runners(self, tools: Awaitable[tuple[Any, Any]] | None) -> None:
+        """Start the runner actors (once `tools` gives the tool pool and the judge) and wait for them to be up."""
+        r = self.cfg.rollout
+        if tools is not None:
+            self.tool_pool, self.judge = await tools
+            self._check_pickles()
+        for i in range(r.runners):
+            name = actor_name(self.cfg.run_name, "runner", i)
+            self.runners.append(
+                start_named(remote_class(RunnerHost), name, self._runner_options(), *self._runner_args())
+            )
+        await self._within(
+            asyncio.gather(*(h.stats.remote() for h in self.runners)),
+            f"placing {r.runners} runner actor(s) ({r.runner_resources.describe()} each)",
+        )
+
+    def _check_pickles(self) -> None:
+        """The tool pool and the judge travel to the runner actors: say which does not pickle, and why."""
+        from ray import cloudpickle
+
+        for what, obj, hint in (
+            ("tool pool", self.tool_pool, "the ServeToolPool that deploy_pool returned"),
+            ("judge", self.judge, "the JudgeHandle that deploy_judge returned, or None"),
+        ):
+            try:
+                cloudpickle.dumps(obj)
+            except Exception as e:
+                raise TypeError(
+                    f"the {what} ({type(obj).__name__}) does not pickle, so runner actors cannot use it: "
+                    f"pass {hint} ({type(e).__name__}: {e})"
+                ) from e
 
     async def _start_engines(self) -> None:
         """Start the engine actors created (ranked per node: engines sharing a node share its cores), then
@@ -196,8 +210,11 @@ class RolloutGroup(PolicyPushes):
     async def _within(self, awaitable: Any, what: str) -> Any:
         import ray
 
+        fut = asyncio.ensure_future(awaitable)
+        # A cancelled wait_for cancels `fut` without reading its outcome, which asyncio would log as an error.
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())
         try:
-            return await asyncio.wait_for(awaitable, self.start_timeout_s)
+            return await asyncio.wait_for(fut, self.start_timeout_s)
         except TimeoutError:
             raise RolloutGroupError(
                 f"{what} did not finish within {self.start_timeout_s:.0f} s; the cluster has "

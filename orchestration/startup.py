@@ -1,8 +1,8 @@
 """Starting the rollout side and the learner side of a job at once rather than one after the other.
 
 Each side's start is mostly waiting (actor processes booting, imports, model loads), so even on one CPU
-machine the two overlap some. Serve starts before either (its proxy takes its port first); the tool pool's
-applications then deploy on the rollout side, before its engines (jobs/train_driver.py). Each
+machine the two overlap some. In a training run the engines start at once, beside Serve; the learners wait for
+Serve (its proxy takes its port first), the runners for the tool pool's applications (jobs/train_driver.py). Each
 start cleans up after itself when it fails, so a failed start here waits for the others to finish theirs (and
 the caller's close stops what they started) before raising: nothing is left half-started behind the error."""
 

@@ -1,8 +1,9 @@
 """RolloutGroup on real local Ray: 2 HF engine actors (tiny-random) + 1 runner actor, the real env over
-the Serve tool pool (offline polygon server). Well-formed trajectories, the sampling override, a LoRA
-push through the object store, an engine actor killed mid-run (restarted at the current version), a
-runner actor killed mid-run (replaced, its tasks re-run), and the engine restart budget; the engines'
-policy versions on the node's metrics endpoint.
+the Serve tool pool (offline polygon server), given to the group while its engines start. Well-formed
+trajectories, the sampling override, a LoRA push through the object store, an engine actor killed mid-run
+(restarted at the current version), a runner actor killed mid-run (replaced, its tasks re-run), and the engine
+restart budget; the engines' policy versions on the node's metrics endpoint; a failed tool deployment stops
+the engines started beside it.
 
 Tests share one group and run in file order; the last ones kill actors.
 """
@@ -88,8 +89,12 @@ def pool(ray_cluster):
 
 @pytest.fixture(scope="module")
 async def group(pool) -> AsyncIterator[RolloutGroup]:
-    group = RolloutGroup(group_config(), pool, start_timeout_s=240)
-    await group.start()
+    async def tools() -> tuple[Any, None]:  # as jobs.train gives them: deployed while the engines start
+        await asyncio.sleep(0.5)
+        return pool, None
+
+    group = RolloutGroup(group_config(), None, start_timeout_s=240)
+    await group.start(tools())
     try:
         yield group
     finally:
@@ -172,6 +177,21 @@ async def test_actors_carry_the_run_name(group: RolloutGroup, pool) -> None:
         await second.start()
     assert second.engines == [] and second.runners == []
     assert await group.versions() == [0, 0]
+
+
+async def test_a_failed_tool_deployment_stops_the_engines_it_started_beside() -> None:
+    cfg = group_config()
+    cfg.run_name = "rollout-group-tools-fail"
+    cfg.rollout.engines, cfg.rollout.engine_resources.num_cpus = 1, 0.1  # beside the shared group
+
+    async def tools() -> tuple[Any, None]:
+        await asyncio.sleep(1)
+        raise RuntimeError("tools.servers.polygon: the deployment failed")
+
+    failed = RolloutGroup(cfg, None, start_timeout_s=120)
+    with pytest.raises(RuntimeError, match="the deployment failed"):
+        await failed.start(tools())
+    assert failed.engines == [] and failed.runners == [] and failed.groups == []  # stopped, placement freed
 
 
 async def test_sampling_override_greedy_is_repeatable(group: RolloutGroup) -> None:
