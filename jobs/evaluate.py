@@ -31,6 +31,7 @@ from configs.schema import Config, SamplingConfig
 from jobs.cli import INTERRUPTED_EXIT, base_parser, counted, interruptible, setup, usage_error
 from jobs.report import template_table
 from jobs.stats import group_success
+from jobs.train_services import Services, ToolsStart
 
 
 def greedy(cfg: Config) -> SamplingConfig:
@@ -174,19 +175,25 @@ async def _with_progress(rollout: Any, playing: Any, total: int) -> Any:
         bar.close()
 
 
-async def start_and_push_merged(cfg: Config, rollout: Any) -> None:
+async def start_and_push_merged(cfg: Config, rollout: Any, starting: ToolsStart) -> None:
     """The CPU engine's fast path: the adapter (`finetune.init_adapter`) merged into the base weights by a
     learner, as a training run pushes its policy (`rollout.weight_push` merged), so the engine generates through
     plain weights, ~9x faster on CPU than through LoRA, and plays what the run's own evaluations played. The
-    learner starts beside the rollout group, and lives until its weights are on the engines (it owns them)."""
+    learner starts beside the rollout group once Serve holds its port (`ToolsStart`), and lives until its weights
+    are on the engines (it owns them)."""
     import time
 
     from orchestration.learner_group import LearnerGroup
     from orchestration.startup import start_groups
 
     learner = LearnerGroup(cfg)
+
+    async def start_learner() -> None:
+        await asyncio.shield(starting.serving)
+        await learner.start()
+
     try:
-        await start_groups(cfg, rollout.start, learner.start)
+        await start_groups(cfg, lambda: rollout.start(starting.tools()), start_learner)
         t0 = time.perf_counter()
         await rollout.push_weights(1, await learner.export_weights_refs())
     finally:
@@ -195,26 +202,30 @@ async def start_and_push_merged(cfg: Config, rollout: Any) -> None:
 
 
 async def run(cfg: Any, rows: list[dict[str, Any]], adapter: str | None) -> dict[str, Any]:
+    """Start the tool pool and the rollout group as a training run does (the engines beside the pool's
+    deployment, `ToolsStart`), put the adapter on the engines, play `rows`, and stop everything."""
     import ray
 
     from actors.engine_api import weight_push
-    from cluster.metrics import metrics_run
     from orchestration.rollout_group import RolloutGroup
-    from serve_apps.tool_pool import deploy_pool, undeploy_pool
 
-    pool = deploy_pool(cfg.tools, metrics_run(cfg))
-    rollout = RolloutGroup(cfg, pool)
+    up = Services()
     try:
-        if adapter and weight_push(cfg) == "merged":
-            await start_and_push_merged(cfg, rollout)
-        else:
-            await rollout.start()
-            if adapter:
-                await rollout.push_adapter(1, ray.put(read_adapter(adapter)))
+        starting = ToolsStart(cfg, up, judge=False)  # the runners build the config's judge themselves
+        up.rollout = rollout = RolloutGroup(cfg, None)
+        try:
+            if adapter and weight_push(cfg) == "merged":
+                await start_and_push_merged(cfg, rollout, starting)
+            else:
+                await rollout.start(starting.tools())
+                if adapter:
+                    await rollout.push_adapter(1, ray.put(read_adapter(adapter)))
+        except BaseException:
+            await starting.settle()
+            raise
         return await _with_progress(rollout, evaluate_rows(rollout, rows, greedy(cfg), detail=True), len(rows))
     finally:
-        await rollout.shutdown()
-        undeploy_pool(pool)
+        await up.close()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -6,7 +6,6 @@ the final checkpoint, evaluation and report; then close."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 import logging
@@ -24,14 +23,13 @@ from configs.schema import Config
 from jobs.checkpoints import latest_checkpoint, prune_checkpoints
 from jobs.held_out import eval_figures, play_held_out
 from jobs.outcomes import judge_groups, ranked_scores, record_outcomes, succeeded
-from jobs.train_services import Services, start_judge
+from jobs.train_services import Services, ToolsStart
 
 if TYPE_CHECKING:
     from grpo.health import HealthMonitor
     from jobs.tracking import Tracker
     from orchestration.learner_group import LearnerGroup
     from orchestration.rollout_group import RolloutGroup
-    from serve_apps.tool_pool import ServeAddress
     from tasks.curriculum import CurriculumSampler, TaskSampler
 
 log = logging.getLogger("mcprl.train")
@@ -173,61 +171,36 @@ class Driver:
 
     async def _start_services(self) -> tuple[RolloutGroup, LearnerGroup]:
         """Serve, the tool pool and the judge, the rollout group and the learner group, each as soon as what it
-        needs is up. The engines start at once: they need none of the others, and bind no port. Serve starts
-        beside them, and before the learners: its proxy binds its port as it starts, and the port the learners
-        choose free for their rendezvous could be taken by it. The pool's and the judge's applications deploy
-        once Serve is up, and the runners start once they are deployed. The learners start beside the rollout
-        group where they may (orchestration/startup.py)."""
+        needs is up (`ToolsStart`): the engines at once, beside Serve; the runners once the pool's and the judge's
+        applications are deployed; the learners once Serve holds its port, beside the rollout group where they may
+        (orchestration/startup.py)."""
         from orchestration.startup import start_groups
-        from serve_apps.tool_pool import serve_pool_at
 
-        # Serve's calls block: on a thread. A thread cannot be cancelled: a start that fails or is cancelled
-        # (SIGTERM) while Serve starts or the pool deploys waits for them (seconds; _start_rollout), so that
-        # close() finds and removes what they started.
-        serving = asyncio.ensure_future(asyncio.to_thread(serve_pool_at, self.cfg.tools))
+        starting = ToolsStart(self.cfg, self.services)
 
         async def start_learner() -> LearnerGroup:
-            await asyncio.shield(serving)
+            await asyncio.shield(starting.serving)
             return await self._start_learner()
 
-        rollout, learner = await start_groups(self.cfg, lambda: self._start_rollout(serving), start_learner)
+        rollout, learner = await start_groups(self.cfg, lambda: self._start_rollout(starting), start_learner)
         return rollout, learner
 
-    async def _start_rollout(self, serving: asyncio.Future[ServeAddress]) -> RolloutGroup:
-        """The rollout group: its engines start now, its runners once `serving` is up and the tool pool's and
-        the judge's applications are deployed on it."""
+    async def _start_rollout(self, starting: ToolsStart) -> RolloutGroup:
+        """The rollout group: its engines start now, its runners once `starting` has deployed the tools."""
         from actors.engine_api import weight_push
-        from cluster.metrics import metrics_run
         from orchestration.rollout_group import RolloutGroup
-        from serve_apps.tool_pool import deploy_pool
 
         cfg, up = self.cfg, self.services
-
-        def deploy(at: ServeAddress) -> None:
-            up.pool = deploy_pool(cfg.tools, metrics_run(cfg), at)
-            up.judge = start_judge(cfg)
-
-        async def deploy_tools() -> None:
-            at = await asyncio.shield(serving)
-            print("deploying the MCP tool pool on Ray Serve", flush=True)
-            await asyncio.to_thread(deploy, at)
-
-        async def tools() -> tuple[Any, Any]:
-            await asyncio.shield(deploying)
-            return up.pool, up.runner_judge()
-
         print(
             f"starting {cfg.rollout.engines} rollout engine(s) and {cfg.rollout.runners} runner(s); "
             f"policy push: {weight_push(cfg)}",
             flush=True,
         )
-        deploying = asyncio.ensure_future(deploy_tools())
         up.rollout = RolloutGroup(cfg, None)
         try:
-            await up.rollout.start(tools())
+            await up.rollout.start(starting.tools())
         except BaseException:
-            with contextlib.suppress(Exception):
-                await deploying
+            await starting.settle()
             raise
         return up.rollout
 

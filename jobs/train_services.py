@@ -1,12 +1,13 @@
-"""What a training run starts beside its own process (jobs/train.py): the tool pool, the judge, the rollout
-group and the learner group on Ray, and its tracker; and how they stop."""
+"""What a job starts beside its own process (jobs/train.py, jobs/evaluate.py): the tool pool, the judge, the
+rollout group and the learner group on Ray, and a training run's tracker; how the pool deploys while the engines
+start; and how they stop."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from configs.schema import Config
 
@@ -16,7 +17,7 @@ if TYPE_CHECKING:
     from jobs.tracking import Tracker
     from orchestration.learner_group import LearnerGroup
     from orchestration.rollout_group import RolloutGroup
-    from serve_apps.tool_pool import ServeToolPool
+    from serve_apps.tool_pool import ServeAddress, ServeToolPool
 
 log = logging.getLogger("mcprl.train")
 
@@ -92,3 +93,39 @@ class Services:
         )  # fmt: skip
         if isinstance(undeployed, BaseException):
             raise undeployed
+
+
+class ToolsStart:
+    """Serve, then the tool pool's applications (and the judge's, with `judge`), deployed on threads (Serve's
+    calls block) from the moment this is made, so that the engines start meanwhile: they need neither, and bind no
+    port. `serving` is done once Serve's proxy holds its port: a learner, which chooses its rendezvous port free,
+    waits for it. `tools()` is what `RolloutGroup.start` takes: its runners start once the pool is deployed. A
+    thread cannot be cancelled: a start that fails, or is cancelled (SIGTERM), calls `settle()` to wait for what
+    is still deploying (seconds), so that `Services.close` finds and removes what it started."""
+
+    def __init__(self, cfg: Config, up: Services, judge: bool = True) -> None:
+        from cluster.metrics import metrics_run
+        from serve_apps.tool_pool import deploy_pool, serve_pool_at
+
+        def deploy(at: ServeAddress) -> None:
+            up.pool = deploy_pool(cfg.tools, metrics_run(cfg), at)
+            if judge:
+                up.judge = start_judge(cfg)
+
+        async def deploying() -> None:
+            at = await asyncio.shield(self.serving)
+            print("deploying the MCP tool pool on Ray Serve", flush=True)
+            await asyncio.to_thread(deploy, at)
+
+        self.up = up
+        self.serving: asyncio.Future[ServeAddress] = asyncio.ensure_future(asyncio.to_thread(serve_pool_at, cfg.tools))
+        self.deployed: asyncio.Future[None] = asyncio.ensure_future(deploying())
+
+    async def tools(self) -> tuple[Any, Any]:
+        """(tool pool, the judge's handle for the runners) once both are deployed."""
+        await asyncio.shield(self.deployed)
+        return self.up.pool, self.up.runner_judge()
+
+    async def settle(self) -> None:
+        """Wait for Serve's start and the deployment to end, whatever their outcome (the caller reports its own)."""
+        await asyncio.gather(asyncio.shield(self.deployed), return_exceptions=True)
