@@ -7,7 +7,12 @@ anything starts and by `cluster.ray_env.listen_port` when the listener starts).
 
 from __future__ import annotations
 
+import random
 import socket
+from pathlib import Path
+
+# Where Ray's workers listen by default (`ray start --min-worker-port/--max-worker-port`).
+RAY_WORKER_PORTS = range(10002, 20000)
 
 
 class PortTaken(ValueError):
@@ -26,9 +31,35 @@ def _tcp_socket(host: str) -> socket.socket:
     return socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
 
 
+def ephemeral_ports() -> range:
+    """The ports the kernel gives outgoing connections (Linux's ip_local_port_range; elsewhere IANA's range)."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 49152, 65535
+    return range(low, high + 1)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port free on `host` right now ("" for every interface)."""
-    with _tcp_socket(host) as s:
+    """A port free on `host` right now ("" for every interface), for a listener that binds it later: above Ray's
+    worker ports and outside the ephemeral range. A port the kernel picks (bind to 0) is an ephemeral one, which
+    any process's outgoing connection may take before the listener binds it: a tool pool's Serve proxy once
+    found its port so taken while the engines started beside it."""
+    ephemeral = ephemeral_ports()
+    spans = [range(RAY_WORKER_PORTS.stop, min(ephemeral.start, 65536)), range(max(ephemeral.stop, 20000), 65536)]
+    spans = [r for r in spans if len(r)]
+    total = sum(len(r) for r in spans)
+    pick = random.SystemRandom()
+    for _ in range(64 if total else 0):
+        k = pick.randrange(total)
+        for r in spans:
+            if k < len(r):
+                port = r[k]
+                break
+            k -= len(r)
+        if not port_in_use(host, port):
+            return port
+    with _tcp_socket(host) as s:  # every try taken: the kernel's pick
         s.bind((host, 0))
         return s.getsockname()[1]
 

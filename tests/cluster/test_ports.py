@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from cluster import ray_env
-from cluster.ports import free_port, port_in_use
+from cluster.ports import RAY_WORKER_PORTS, ephemeral_ports, free_port, port_in_use
 from cluster.ray_env import listen_port
 from configs.loader import load_config
 from configs.schema import Config, HttpConfig
@@ -32,6 +32,17 @@ def listening(reuse_port: bool = False) -> Iterator[int]:
         s.bind(("127.0.0.1", 0))
         s.listen()
         yield s.getsockname()[1]
+
+
+def test_a_free_port_is_one_no_outgoing_connection_or_ray_worker_takes() -> None:
+    """A port chosen now and bound later (a Serve proxy, a rendezvous) lies outside the ephemeral range, where any
+    process's outgoing connection could take it meanwhile, and above Ray's worker ports."""
+    ports = {free_port() for _ in range(20)}
+    assert len(ports) > 1  # chosen at random: two runs starting at once do not pick the same
+    for port in ports:
+        assert port not in ephemeral_ports() and port >= RAY_WORKER_PORTS.stop, port
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))  # free
 
 
 @pytest.mark.parametrize("reuse_port", [False, True], ids=["plain", "SO_REUSEPORT like Serve's proxy"])
