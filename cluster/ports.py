@@ -46,17 +46,8 @@ def free_port(host: str = "127.0.0.1") -> int:
     any process's outgoing connection may take before the listener binds it: a tool pool's Serve proxy once
     found its port so taken while the engines started beside it."""
     ephemeral = ephemeral_ports()
-    spans = [range(RAY_WORKER_PORTS.stop, min(ephemeral.start, 65536)), range(max(ephemeral.stop, 20000), 65536)]
-    spans = [r for r in spans if len(r)]
-    total = sum(len(r) for r in spans)
-    pick = random.SystemRandom()
-    for _ in range(64 if total else 0):
-        k = pick.randrange(total)
-        for r in spans:
-            if k < len(r):
-                port = r[k]
-                break
-            k -= len(r)
+    candidates = [p for p in range(RAY_WORKER_PORTS.stop, 65536) if p not in ephemeral]
+    for port in random.SystemRandom().sample(candidates, min(64, len(candidates))):
         if not port_in_use(host, port):
             return port
     with _tcp_socket(host) as s:  # every try taken: the kernel's pick

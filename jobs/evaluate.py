@@ -213,16 +213,12 @@ async def run(cfg: Any, rows: list[dict[str, Any]], adapter: str | None) -> dict
     try:
         starting = ToolsStart(cfg, up, judge=False)  # the runners build the config's judge themselves
         up.rollout = rollout = RolloutGroup(cfg, None)
-        try:
-            if adapter and weight_push(cfg) == "merged":
-                await start_and_push_merged(cfg, rollout, starting)
-            else:
-                await rollout.start(starting.tools())
-                if adapter:
-                    await rollout.push_adapter(1, ray.put(read_adapter(adapter)))
-        except BaseException:
-            await starting.settle()
-            raise
+        if adapter and weight_push(cfg) == "merged":
+            await start_and_push_merged(cfg, rollout, starting)
+        else:
+            await rollout.start(starting.tools())
+            if adapter:
+                await rollout.push_adapter(1, ray.put(read_adapter(adapter)))
         return await _with_progress(rollout, evaluate_rows(rollout, rows, greedy(cfg), detail=True), len(rows))
     finally:
         await up.close()

@@ -197,11 +197,7 @@ class Driver:
             flush=True,
         )
         up.rollout = RolloutGroup(cfg, None)
-        try:
-            await up.rollout.start(starting.tools())
-        except BaseException:
-            await starting.settle()
-            raise
+        await up.rollout.start(starting.tools())
         return up.rollout
 
     async def _start_learner(self) -> LearnerGroup:

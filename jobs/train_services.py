@@ -43,6 +43,7 @@ class Services:
     rollout: RolloutGroup | None = None
     learner: LearnerGroup | None = None
     tracker: Tracker | None = None  # the driver finishes it last (close() leaves it)
+    deploying: asyncio.Future[None] | None = None  # ToolsStart's deployment, which close() waits for
 
     def runner_judge(self) -> JudgeHandle | None:
         """What the runner actors get: the deployment's handle; None makes each build its own from config."""
@@ -70,6 +71,9 @@ class Services:
         driver, so an error removing them is raised once the groups have stopped; the actors die with the
         driver anyway, so stopping one group that fails is a warning and does not keep the others running."""
         from serve_apps.tool_pool import undeploy_pool
+
+        if self.deploying is not None:  # a thread cannot be cancelled: what it deploys is removed once it ends
+            await asyncio.gather(asyncio.shield(self.deploying), return_exceptions=True)
 
         def undeploy() -> None:
             if self.runner_judge() is not None:
@@ -100,8 +104,8 @@ class ToolsStart:
     calls block) from the moment this is made, so that the engines start meanwhile: they need neither, and bind no
     port. `serving` is done once Serve's proxy holds its port: a learner, which chooses its rendezvous port free,
     waits for it. `tools()` is what `RolloutGroup.start` takes: its runners start once the pool is deployed. A
-    thread cannot be cancelled: a start that fails, or is cancelled (SIGTERM), calls `settle()` to wait for what
-    is still deploying (seconds), so that `Services.close` finds and removes what it started."""
+    thread cannot be cancelled: after a start that fails, or is cancelled (SIGTERM), `Services.close` waits for
+    what is still deploying (seconds), then removes what it started."""
 
     def __init__(self, cfg: Config, up: Services, judge: bool = True) -> None:
         from cluster.metrics import metrics_run
@@ -120,12 +124,9 @@ class ToolsStart:
         self.up = up
         self.serving: asyncio.Future[ServeAddress] = asyncio.ensure_future(asyncio.to_thread(serve_pool_at, cfg.tools))
         self.deployed: asyncio.Future[None] = asyncio.ensure_future(deploying())
+        up.deploying = self.deployed
 
     async def tools(self) -> tuple[Any, Any]:
         """(tool pool, the judge's handle for the runners) once both are deployed."""
         await asyncio.shield(self.deployed)
         return self.up.pool, self.up.runner_judge()
-
-    async def settle(self) -> None:
-        """Wait for Serve's start and the deployment to end, whatever their outcome (the caller reports its own)."""
-        await asyncio.gather(asyncio.shield(self.deployed), return_exceptions=True)
