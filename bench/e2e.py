@@ -69,8 +69,8 @@ def _run(cmd: list[str], what: str) -> float:
     return time.monotonic() - t0
 
 
-def run_mcprl(o: E2EOptions, tasks: Path, folder: Path) -> dict[str, Any]:
-    """One `jobs.train` run; its per-step figures from metrics.jsonl."""
+def run_mcprl(o: E2EOptions, tasks: Path, folder: Path, more: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One `jobs.train` run (`more`: further `--set`s); its per-step figures from metrics.jsonl."""
     sets = {
         "model.name": o.model,
         "data.train": str(tasks),
@@ -86,6 +86,7 @@ def run_mcprl(o: E2EOptions, tasks: Path, folder: Path) -> dict[str, Any]:
         "finetune.lora.r": o.lora_r,
         "finetune.lora.alpha": 2 * o.lora_r,
         "learner.optim.lr": o.lr,
+        **(more or {}),
     }
     cmd = [sys.executable, "-m", "jobs.train", "--config", o.config, "--run", "--fresh"]
     cmd += [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
@@ -106,8 +107,8 @@ def run_mcprl(o: E2EOptions, tasks: Path, folder: Path) -> dict[str, Any]:
     return {"wall_s": wall, "steps": steps, "generation": f"mcprl {o.mcprl_backend} engine (Ray actor)"}
 
 
-def run_trl(o: E2EOptions, tasks: Path, folder: Path) -> dict[str, Any]:
-    """One `bench.trl_baseline` run; its per-step figures from the JSON it writes."""
+def run_trl(o: E2EOptions, tasks: Path, folder: Path, more: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One `bench.trl_baseline` run (`more`: further options); its per-step figures from the JSON it writes."""
     out = folder / "trl.json"
     args = {
         "tasks": tasks,
@@ -124,6 +125,7 @@ def run_trl(o: E2EOptions, tasks: Path, folder: Path) -> dict[str, Any]:
         "lr": o.lr,
         "temperature": o.temperature,
         "seed": o.seed,
+        **(more or {}),
     }
     cmd = [sys.executable, "-m", "bench.trl_baseline", *[a for k, v in args.items() for a in (f"--{k}", str(v))]]
     wall = _run(cmd, "TRL's run (python -m bench.trl_baseline)")

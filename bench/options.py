@@ -16,13 +16,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from configs.loader import ConfigError, apply_override, format_errors, load_config, parse_override
 from configs.schema import Config
 
-SUITES = ("tools", "env", "prompt", "rollout", "train", "job", "e2e", "scale", "cplane", "gpu", "learning", "chaos")
+SUITES = (
+    "tools", "env", "prompt", "rollout", "train", "job", "e2e", "quality", "scale", "cplane", "gpu", "learning", "chaos"
+)  # fmt: skip
 Suite = Literal[
-    "tools", "env", "prompt", "rollout", "train", "job", "e2e", "scale", "cplane", "gpu", "learning", "chaos", "all"
-]
+    "tools", "env", "prompt", "rollout", "train", "job", "e2e", "quality", "scale", "cplane", "gpu", "learning",
+    "chaos", "all",
+]  # fmt: skip
 # cplane runs inside scale; gpu is for a GPU box (its 1.7B shape crawls on a CPU); learning is 6 whole demo
-# runs (~2 h on a 2-core CPU); chaos counts what faults cost, not speed
-NOT_IN_ALL = ("cplane", "gpu", "learning", "chaos")
+# runs (~2 h on a 2-core CPU), quality two trainings and a dozen evaluations (~1 h); chaos counts what faults
+# cost, not speed
+NOT_IN_ALL = ("quality", "cplane", "gpu", "learning", "chaos")
 
 
 class Section(BaseModel):
@@ -105,6 +109,24 @@ class E2EOptions(Section):
     config: str = Field("configs/bench-e2e.yaml", description="mcprl's run config; the sizes above are --set on it")
     tasks: int = Field(32, ge=1, description="rule tasks (polygon, simple) generated for both trainers")
     seed: int = 0
+
+
+class QualityOptions(Section):
+    """Suite `quality`: training minutes until held-out success passes the warm start + `target_points`, on
+    suite e2e's work (its section) from one warm start (bench/quality.py)."""
+
+    steps: int = Field(30, ge=1, description="GRPO steps per side, at most")
+    eval_every: int = Field(5, ge=1, description="each side's adapter is kept and evaluated every N steps")
+    warm_steps: int = Field(10, ge=1, description="SFT steps of the warm start both sides train on")
+    warm_lr: float = Field(1e-3, gt=0, description="the warm start's learning rate")
+    train_tasks: int = Field(128, ge=1, description="rule tasks to train on (seed)")
+    held_out_tasks: int = Field(64, ge=1, description="held-out rule tasks (seed + 1, no training prompt among them)")
+    target_points: float = Field(10.0, gt=0, description="the goal: held-out success ≥ the warm start's + this")
+    seed: int = 0
+
+    def smoke(self) -> QualityOptions:
+        """`--quick`: 2 steps, each evaluated, 1 SFT step and 4 held-out tasks, where `--set` did not choose."""
+        return self.unless_set({"steps": 2, "eval_every": 1, "warm_steps": 1, "train_tasks": 8, "held_out_tasks": 4})
 
 
 class ScaleOptions(Section):
@@ -231,6 +253,7 @@ class BenchOptions(Section):
     train: TrainOptions = TrainOptions()
     job: JobOptions = JobOptions()
     e2e: E2EOptions = E2EOptions()
+    quality: QualityOptions = QualityOptions()
     scale: ScaleOptions = ScaleOptions()
     cplane: CplaneOptions = CplaneOptions()
     gpu: GpuOptions = GpuOptions()

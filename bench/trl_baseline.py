@@ -124,6 +124,11 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--init-adapter", help="a PEFT LoRA folder to train on from (e.g. mcprl's warm start); r/alpha are its own"
+    )
+    p.add_argument("--save-every", type=int, default=0, help="save the adapter every N steps and at the end (0: never)")
+    p.add_argument("--save-dir", help="where --save-every writes step_<N>/ (default: beside --out)")
     return p.parse_args(argv)
 
 
@@ -163,6 +168,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     tokenizer.chat_template = served_chat_template(tokenizer, env_cfg)
     tokenizer.response_template = qwen3_template  # TRL's parser of `<tool_call>{json}</tool_call>` turns
     model = load_causal_lm(model_cfg).train()
+    lora = None
+    if args.init_adapter:  # trains the warm start's adapter on, as mcprl's finetune.init_adapter does
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, args.init_adapter, is_trainable=True)
+    else:
+        lora = LoraConfig(
+            r=args.lora_r,
+            lora_alpha=args.lora_alpha,
+            target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+            lora_dropout=0.0,
+            task_type="CAUSAL_LM",
+        )
+    save_dir = Path(args.save_dir or Path(args.out).with_suffix("")) if args.save_every else None
 
     # The row's own messages; the template adds the tool block from `tools=` as mcprl's env does.
     dataset = Dataset.from_list([{"prompt": r["prompt"], "task": json.dumps(r)} for r in rows])
@@ -191,17 +210,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         def on_step_begin(self, *a: Any, **k: Any) -> None:
             self.t0 = time.monotonic()
 
-        def on_step_end(self, *a: Any, **k: Any) -> None:
+        def on_step_end(self, _args: Any, state: Any, _control: Any, model: Any = None, **k: Any) -> None:
             rewards = pending["rewards"]
-            steps.append(
-                {
-                    "step_s": time.monotonic() - self.t0,
-                    "episodes": pending["episodes"],
-                    "tokens": pending["tokens"],
-                    "turns": pending["turns"] / max(pending["episodes"], 1),
-                    "reward": sum(rewards) / len(rewards) if rewards else float("nan"),
-                }
-            )
+            step = {
+                "step_s": time.monotonic() - self.t0,
+                "episodes": pending["episodes"],
+                "tokens": pending["tokens"],
+                "turns": pending["turns"] / max(pending["episodes"], 1),
+                "reward": sum(rewards) / len(rewards) if rewards else float("nan"),
+            }
+            n = state.global_step
+            if save_dir and (n % args.save_every == 0 or n == args.steps):  # after the step's clock stopped
+                model.save_pretrained(save_dir / f"step_{n}")
+                step["adapter"] = str(save_dir / f"step_{n}")
+            steps.append(step)
             pending.update(tokens=0, episodes=0, turns=0, rewards=[])
 
     batch = args.tasks_per_step * args.group_size
@@ -232,13 +254,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         seed=args.seed,
         shuffle_dataset=True,
         disable_tqdm=True,
-    )
-    lora = LoraConfig(
-        r=args.lora_r,
-        lora_alpha=args.lora_alpha,
-        target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
-        lora_dropout=0.0,
-        task_type="CAUSAL_LM",
     )
     trainer = GRPOTrainer(
         model=model,

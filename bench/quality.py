@@ -1,0 +1,236 @@
+"""Suite `quality`: minutes of training until held-out success passes the warm start + 10 points, mcprl
+against TRL 1.16's GRPOTrainer, on the same tasks from the same warm start.
+
+    python -m bench --suite quality [--set quality.steps=30] [--set quality.eval_every=5] [--quick]
+
+The work is suite `e2e`'s (its section sets the model, LoRA, group size, tokens and turns; bench/e2e.py
+says where the two trainers differ), from a warm start:
+1. Tasks: rule tasks (polygon, simple), `train_tasks` of seed s to train on and `held_out_tasks` of seed s+1
+   with every prompt the training file has left out: the same templates, instances training never saw.
+2. Warm start: `jobs.train --set train.steps=0 --set sft_warmup.steps=S` (its `sft/` adapter). Both sides
+   train that adapter on: mcprl with `finetune.init_adapter`, TRL with `--init-adapter`.
+3. Each side trains `steps` GRPO steps and keeps its adapter every `eval_every` steps (mcprl: its
+   checkpoints; TRL: `--save-every`). Each side runs its own algorithm as configured: the time-to-quality
+   figure compares what a user gets from each trainer, not one loss.
+4. One evaluator scores every adapter, the warm start's included: `jobs.evaluate --adapter` on the held-out
+   file (greedy; success = the final answer right).
+Figure: the training minutes (the sum of the step times up to that adapter's step: start-up, saving and
+evaluation left out) at the first adapter whose held-out success is at least the warm start's + `target`.
+A side that never gets there reads "not reached" with the minutes it trained. One held-out set of
+`held_out_tasks` tasks, so a success moves in steps of 1/held_out_tasks; the first pass among several
+evaluations is the earliest of noisy figures, hence each passing adapter's paired gain and 95% CI beside it.
+
+Files: out/quality.json (every adapter's success, step and training time), out/quality.md, out/quality.png
+(held-out success against training minutes, both sides).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from bench.e2e import _run, run_mcprl, run_trl, sizes, write_tasks
+from bench.options import BenchOptions, E2EOptions, QualityOptions
+from bench.results import Curve, Row, SuiteResult, spread
+from jobs.stats import outcomes, paired_gain
+
+SIDES = ("TRL", "mcprl")
+
+
+def split_tasks(o: E2EOptions, q: QualityOptions, folder: Path) -> tuple[Path, Path]:
+    """The training file (seed s) and the held-out file (seed s+1, without any prompt of the training file)."""
+    train, pool, held = folder / "train.jsonl", folder / "held-out-pool.jsonl", folder / "held-out.jsonl"
+    write_tasks(o.model_copy(update={"tasks": q.train_tasks, "seed": q.seed}), train)
+    # Drawn with room to spare: a few of seed s+1's prompts can be seed s's too.
+    write_tasks(o.model_copy(update={"tasks": 2 * q.held_out_tasks, "seed": q.seed + 1}), pool)
+    seen = {json.dumps(json.loads(line)["prompt"]) for line in train.read_text().splitlines() if line.strip()}
+    fresh = [
+        line
+        for line in pool.read_text().splitlines()
+        if line.strip() and json.dumps(json.loads(line)["prompt"]) not in seen
+    ]
+    if len(fresh) < q.held_out_tasks:
+        raise RuntimeError(
+            f"quality: only {len(fresh)} held-out tasks unlike the training ones, {q.held_out_tasks} asked"
+        )
+    held.write_text("\n".join(fresh[: q.held_out_tasks]) + "\n")
+    return train, held
+
+
+def warm_start(o: E2EOptions, q: QualityOptions, train: Path, folder: Path) -> Path:
+    """The SFT warm start both sides train on (mcprl's own, `sft_warmup` on expert trajectories)."""
+    more = {"train.steps": 0, "sft_warmup.enabled": True, "sft_warmup.steps": q.warm_steps, "sft_warmup.lr": q.warm_lr}
+    run_mcprl(o, train, folder, more)
+    (adapter,) = folder.glob("*/sft")
+    return adapter
+
+
+def adapters(side: str, run: dict[str, Any], folder: Path, every: int) -> list[dict[str, Any]]:
+    """(step, training seconds up to it, adapter folder) for each kept adapter of one side's run."""
+    out, seconds = [], 0.0
+    for i, step in enumerate(run["steps"], start=1):
+        seconds += step["step_s"]
+        if side == "TRL":
+            path = step.get("adapter")
+        elif i % every == 0 or i == len(run["steps"]):
+            (path,) = folder.glob(f"*/checkpoints/step_{i}/adapter")
+        else:
+            path = None
+        if path:
+            out.append({"step": i, "train_s": seconds, "adapter": str(path)})
+    return out
+
+
+def evaluate(o: E2EOptions, held: Path, adapter: str, out: Path) -> dict[str, Any]:
+    """`jobs.evaluate` of one adapter on the held-out file: its success and per-task outcomes."""
+    cmd = [sys.executable, "-m", "jobs.evaluate", "--config", o.config, "--tasks", str(held)]
+    cmd += ["--adapter", adapter, "--out", str(out)]
+    sets = {
+        "model.name": o.model,
+        "rollout.backend": o.mcprl_backend,
+        "rollout.sampling.max_new_tokens": o.max_new_tokens,
+    }
+    cmd += [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
+    _run(cmd, f"evaluating {adapter} (python -m jobs.evaluate)")
+    doc = json.loads(out.read_text())
+    return {"success": doc["success_rate"], "outcomes": outcomes(doc["per_task"])}
+
+
+def first_pass(points: list[dict[str, Any]], target: float) -> dict[str, Any] | None:
+    return next((p for p in points if p["success"] >= target - 1e-9), None)
+
+
+def run(opts: BenchOptions, console: Console) -> SuiteResult:
+    o, _ = sizes(opts)
+    q = opts.quality.smoke() if opts.quick else opts.quality
+    root = Path(tempfile.mkdtemp(prefix="mcprl-bench-quality-", dir="/tmp"))
+    curves: dict[str, list[dict[str, Any]]] = {}
+    steps_s: dict[str, list[float]] = {}
+    try:
+        train, held = split_tasks(o, q, root)
+        console.print(
+            f"tasks: {q.train_tasks} to train on, {q.held_out_tasks} held out (same templates, unseen instances)"
+        )
+        warm = warm_start(o, q, train, root / "warm")
+        base = evaluate(o, held, str(warm), root / "warm.eval.json")
+        target = base["success"] + q.target_points / 100
+        console.print(f"warm start ({q.warm_steps} SFT steps): {base['success']:.1%} held out; target {target:.1%}")
+        more = {
+            "mcprl": {"finetune.init_adapter": str(warm), "train.checkpoint_every": q.eval_every},
+            "TRL": {"init-adapter": str(warm), "save-every": q.eval_every},
+        }
+        for side in SIDES:
+            folder = root / side
+            folder.mkdir()
+            o_side = o.model_copy(update={"steps": q.steps})
+            result = (run_trl if side == "TRL" else run_mcprl)(o_side, train, folder, more[side])
+            steps_s[side] = [s["step_s"] for s in result["steps"]]
+            points = []
+            for a in adapters(side, result, folder, q.eval_every):
+                scored = evaluate(o, held, a["adapter"], folder / f"step_{a['step']}.eval.json")
+                gain = paired_gain(base["outcomes"], scored["outcomes"])
+                points.append({**a, "success": scored["success"], "gain": gain.gain, "ci": [gain.ci_low, gain.ci_high]})
+                console.print(
+                    f"{side} step {a['step']} ({a['train_s'] / 60:.1f} min of training): {scored['success']:.1%} "
+                    f"held out, {gain.gain * 100:+.1f} points [{gain.ci_low * 100:+.1f}, {gain.ci_high * 100:+.1f}]"
+                )
+            curves[side] = points
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return result_of(o, q, base["success"], target, curves, steps_s)
+
+
+def result_of(
+    o: E2EOptions,
+    q: QualityOptions,
+    warm: float,
+    target: float,
+    curves: dict[str, list[dict[str, Any]]],
+    steps_s: dict[str, list[float]],
+) -> SuiteResult:
+    passed = {side: first_pass(curves[side], target) for side in SIDES}
+    trained_min = {side: math.fsum(steps_s[side]) / 60 for side in SIDES}
+    rows = [
+        Row(
+            "best held-out success",
+            "% of tasks",
+            spread(max(p["success"] for p in curves["mcprl"]) * 100),
+            spread(max(p["success"] for p in curves["TRL"]) * 100),
+            "TRL 1.16 GRPOTrainer",
+        ),
+        Row(
+            "training time per step",
+            "s",
+            spread(steps_s["mcprl"]),
+            spread(steps_s["TRL"]),
+            "TRL 1.16 GRPOTrainer",
+            better="lower",
+        ),
+    ]
+    label = f"training minutes to warm start + {q.target_points:g} points"
+    if passed["mcprl"]:
+        trl = passed["TRL"]
+        rows.insert(
+            0,
+            Row(
+                label,
+                "min",
+                spread(passed["mcprl"]["train_s"] / 60),
+                spread(trl["train_s"] / 60) if trl else None,
+                "TRL 1.16 GRPOTrainer" if trl else "",
+                better="lower",
+                goal="lower than TRL's",
+            ),
+        )
+
+    def said(side: str) -> str:
+        p = passed[side]
+        if p is None:
+            best = max(curves[side], key=lambda c: c["success"])
+            return (
+                f"{side}: not reached in {q.steps} steps ({trained_min[side]:.1f} min of training); best "
+                f"{best['success']:.1%} at step {best['step']}"
+            )
+        return (
+            f"{side}: reached at step {p['step']}, {p['train_s'] / 60:.1f} min of training: {p['success']:.1%}, "
+            f"{p['gain'] * 100:+.1f} points, 95% CI [{p['ci'][0] * 100:+.1f}, {p['ci'][1] * 100:+.1f}]"
+        )
+
+    notes = [
+        f"Held out: {q.held_out_tasks} rule tasks of the training templates (polygon, simple) whose prompts the "
+        f"{q.train_tasks} training tasks do not have; warm start {warm:.1%} after {q.warm_steps} SFT steps "
+        f"(mcprl's sft_warmup), target {target:.1%}; one seed ({q.seed}).",
+        said("mcprl"),
+        said("TRL"),
+        f"Every {q.eval_every} steps each side's adapter is scored by `jobs.evaluate` (greedy, answer right); "
+        "training minutes sum the step times up to it (start-up, saving and evaluation left out).",
+        "Each side trains with its own algorithm as configured (mcprl: configs/bench-e2e.yaml; TRL: "
+        "bench/trl_baseline.py); the work and where it differs as in suite e2e.",
+    ]
+    curve = Curve(
+        "held-out success against training time",
+        "minutes of training",
+        "held-out success (%)",
+        {
+            side: [(0.0, spread(warm * 100))] + [(p["train_s"] / 60, spread(p["success"] * 100)) for p in curves[side]]
+            for side in SIDES
+        },
+    )
+    report = {
+        "options": {"e2e": o.model_dump(), "quality": q.model_dump()},
+        "warm_start_success": warm,
+        "target": target,
+        "reached": {
+            side: passed[side] and {k: passed[side][k] for k in ("step", "train_s", "success")} for side in SIDES
+        },
+        "trained_minutes": trained_min,
+        "points": curves,
+    }
+    return SuiteResult("quality", report, rows, [curve], notes)
