@@ -1,7 +1,8 @@
 """Run benchmark suites and write their results.
 
-    python -m bench --suite tools|env|prompt|rollout|train|job|e2e|scale|cplane|gpu|learning|chaos|all [--repeats 3]
-                    [--out bench_results] [--config configs/demo-cpu.yaml] [--quick] [--set SECTION.KEY=VALUE ...]
+    python -m bench --suite tools|env|prompt|rollout|train|job|e2e|quality|scale|cplane|gpu|learning|chaos|all
+                    [--repeats 3] [--out bench_results] [--config configs/demo-cpu.yaml] [--quick]
+                    [--set SECTION.KEY=VALUE ...]
 
 Each suite is a module of this package with `run(opts, console) -> SuiteResult`; its sizes are the
 section of the same name in `bench/options.py` (e.g. `--set e2e.steps=8`). `all` runs them in turn.

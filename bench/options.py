@@ -116,7 +116,9 @@ class QualityOptions(Section):
     suite e2e's work (its section) from one warm start (bench/quality.py)."""
 
     steps: int = Field(30, ge=1, description="GRPO steps per side, at most")
-    eval_every: int = Field(5, ge=1, description="each side's adapter is kept and evaluated every N steps")
+    eval_every: int = Field(
+        5, ge=1, description="each side's adapter is scored every N steps (and the steps before its first pass)"
+    )
     warm_steps: int = Field(10, ge=1, description="SFT steps of the warm start both sides train on")
     warm_lr: float = Field(1e-3, gt=0, description="the warm start's learning rate")
     train_tasks: int = Field(128, ge=1, description="rule tasks to train on (seed)")

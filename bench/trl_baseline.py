@@ -14,6 +14,10 @@ What it shares with `python -m jobs.train --config configs/bench-e2e.yaml`:
   reward as an mcprl episode), the episode's reward being the sum of its turns' rewards as in mcprl;
 - group size, tasks per step, temperature, lr, clip range (0.2 / 0.28), token-mean loss, no KL.
 
+`--init-adapter DIR` trains a PEFT LoRA folder on (suite `quality` gives it mcprl's warm start) instead of a
+fresh adapter; `--save-every N` keeps the adapter every N steps and at the end (`step_<N>/`, after the step's
+clock stopped), for `jobs.evaluate --adapter`.
+
 Per step (a TrainerCallback): wall time, episodes, assistant turns per episode, tokens (prompt + completion
 of every episode, tool results included, as mcprl's `rollout/episode_tokens` counts them) and the mean
 reward; written as JSON.

@@ -224,6 +224,7 @@ LONGEST_FIRST = (
     "tests/bench/test_suites.py",
     # `make test-bench`'s
     "tests/bench/test_learning.py",
+    "tests/bench/test_quality.py",
     "tests/bench/test_scale.py",
     "tests/bench/test_e2e.py",
     "tests/bench/test_train.py",
