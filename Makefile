@@ -60,7 +60,8 @@ test: install sandbox inspector
 	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=40 -m "not bench"
 
 # The benchmark suites run at smoke sizes (`python -m bench --suite S --quick`), each in its own process that
-# runs jobs of its own: ~7 min on 2 cores with AVX-512. Run it after changing bench/ or a figure a suite reads.
+# runs jobs of its own: ~7 min on 2 cores with AVX-512 before suite quality's smoke (4 min alone) joined them.
+# Run it after changing bench/ or a figure a suite reads.
 test-bench: install sandbox
 	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=10 -m bench
 
