@@ -35,6 +35,7 @@ from rich.console import Console
 from bench.options import BenchOptions, E2EOptions
 from bench.results import Row, SuiteResult, spread
 from cluster.local_cluster import ROOT, clean_env
+from configs.loader import set_args
 
 SIDES = ("TRL", "mcprl")
 QUICK = {"model": "tiny-random", "steps": 2, "max_new_tokens": 8, "observation_tokens": 64, "mcprl_backend": "hf"}
@@ -89,7 +90,7 @@ def run_mcprl(o: E2EOptions, tasks: Path, folder: Path, more: dict[str, Any] | N
         **(more or {}),
     }
     cmd = [sys.executable, "-m", "jobs.train", "--config", o.config, "--run", "--fresh"]
-    cmd += [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
+    cmd += set_args(sets)
     wall = _run(cmd, "mcprl's run (python -m jobs.train)")
     (metrics,) = folder.glob("*/metrics.jsonl")
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]

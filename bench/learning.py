@@ -45,7 +45,7 @@ from rich.console import Console
 from bench.options import BenchOptions, LearningOptions
 from bench.results import Row, SuiteResult, machine, spread
 from cluster.local_cluster import ROOT, clean_env
-from configs.loader import load_config
+from configs.loader import load_config, set_args
 from jobs.held_out import EVAL_SETS
 from jobs.stats import outcomes, paired_gain
 
@@ -87,7 +87,7 @@ def train_run(o: LearningOptions, name: str, storage: Path, seed: int, sets: dic
         **sets,  # this run's own (the SFT-more run's train.steps=0) over the suite's
     }
     cmd = [sys.executable, "-m", "jobs.train", "--config", o.config, "--run", "--fresh"]
-    cmd += [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
+    cmd += set_args(sets)
     env = clean_env({"HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")})
     t0 = time.monotonic()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=o.run_timeout_s)

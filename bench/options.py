@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from configs.loader import ConfigError, apply_override, format_errors, load_config, parse_override
+from configs.loader import ConfigError, apply_override, format_errors, load_config, parse_override, set_args
 from configs.schema import Config
 
 SUITES = (
@@ -125,6 +125,12 @@ class QualityOptions(Section):
     held_out_tasks: int = Field(64, ge=1, description="held-out rule tasks (seed + 1, no training prompt among them)")
     target_points: float = Field(10.0, gt=0, description="the goal: held-out success ≥ the warm start's + this")
     seed: int = 0
+    mcprl_sets: dict[str, Any] = Field(
+        {},
+        description="config overrides (`--set` of jobs.train) of mcprl's GRPO run alone, not of its warm start or "
+        "the evaluator: an ablation from the same warm start, scored alike",
+    )
+    trl: bool = Field(True, description="train TRL's side too (false: mcprl alone, e.g. for an ablation)")
 
     def smoke(self) -> QualityOptions:
         """`--quick`: 2 steps, each evaluated, 1 SFT step and 4 held-out tasks, where `--set` did not choose."""
@@ -270,9 +276,20 @@ class BenchOptions(Section):
             keys, value = parse_override(item)
             apply_override(tree, keys, value, f"--set {item}")
         try:
-            return cls.model_validate(tree)
+            opts = cls.model_validate(tree)
         except ValidationError as e:
             raise ConfigError(format_errors(e, "bench options")) from None
+        # Overrides of the runs a suite starts fail here, by key, rather than in a run an hour in.
+        for key, config, sets in (
+            ("quality.mcprl_sets", opts.e2e.config, opts.quality.mcprl_sets),
+            ("learning.sets", opts.learning.config, opts.learning.sets),
+        ):
+            if sets:
+                try:
+                    load_config(config, set_args(sets)[1::2])
+                except ConfigError as e:
+                    raise ConfigError(f"{key}: {e}") from None
+        return opts
 
     def mcprl_config(self) -> Config:
         """The mcprl config the suites read tools, tasks and the model from (`--config`; built-in defaults)."""

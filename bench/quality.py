@@ -2,6 +2,7 @@
 against TRL 1.16's GRPOTrainer, on the same tasks from the same warm start.
 
     python -m bench --suite quality [--set quality.steps=30] [--set quality.eval_every=5] [--quick]
+    python -m bench --suite quality --set quality.trl=false --set 'quality.mcprl_sets={rollout.backend: hf}'
 
 The work is suite `e2e`'s (its section sets the model, LoRA, group size, tokens and turns; bench/e2e.py
 says where the two trainers differ), from a warm start:
@@ -15,6 +16,8 @@ says where the two trainers differ), from a warm start:
 4. One evaluator scores the adapters, the warm start's included: `jobs.evaluate --adapter` on the held-out
    file (greedy; success = the final answer right), every `eval_every` steps, then each step before the first
    score at the target since the one scored before it (`scan`): the first pass to the step.
+5. An ablation: `mcprl_sets` are `--set`s of mcprl's GRPO run alone (not of its warm start or the evaluator), and
+   `trl=false` leaves TRL's side out; the same seed makes the same warm start, so runs that vary one set compare.
 Figure: the training minutes (the sum of the step times up to that adapter's step: start-up, saving and
 evaluation left out) at the first adapter whose held-out success is at least the warm start's + `target`.
 A side that never gets there reads "not reached" with the minutes it trained. One held-out set of
@@ -42,6 +45,7 @@ from rich.console import Console
 from bench.e2e import _run, run_mcprl, run_trl, sizes, write_tasks
 from bench.options import BenchOptions, E2EOptions, QualityOptions
 from bench.results import Curve, Row, SuiteResult, spread
+from configs.loader import set_args
 from jobs.stats import outcomes, paired_gain
 
 SIDES = ("TRL", "mcprl")
@@ -112,7 +116,7 @@ def evaluate(o: E2EOptions, held: Path, adapter: str, out: Path) -> dict[str, An
         "rollout.backend": o.mcprl_backend,
         "rollout.sampling.max_new_tokens": o.max_new_tokens,
     }
-    cmd += [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
+    cmd += set_args(sets)
     _run(cmd, f"evaluating {adapter} (python -m jobs.evaluate)")
     doc = json.loads(out.read_text())
     return {"success": doc["success_rate"], "outcomes": outcomes(doc["per_task"])}
@@ -125,6 +129,7 @@ def first_pass(points: list[dict[str, Any]], target: float) -> dict[str, Any] | 
 def run(opts: BenchOptions, console: Console) -> SuiteResult:
     o, _ = sizes(opts)
     q = opts.quality.smoke() if opts.quick else opts.quality
+    sides = SIDES if q.trl else ("mcprl",)
     root = Path(tempfile.mkdtemp(prefix="mcprl-bench-quality-", dir="/tmp"))
     curves: dict[str, list[dict[str, Any]]] = {}
     steps_s: dict[str, list[float]] = {}
@@ -139,10 +144,10 @@ def run(opts: BenchOptions, console: Console) -> SuiteResult:
         console.print(f"warm start ({q.warm_steps} SFT steps): {base['success']:.1%} held out; target {target:.1%}")
         # Every step's adapter is kept (saving is outside the step times), so the first pass can be found to the step.
         more = {
-            "mcprl": {"finetune.init_adapter": str(warm), "train.checkpoint_every": 1},
+            "mcprl": {**q.mcprl_sets, "finetune.init_adapter": str(warm), "train.checkpoint_every": 1},
             "TRL": {"init-adapter": str(warm), "save-every": 1},
         }
-        for side in SIDES:
+        for side in sides:
             folder = root / side
             folder.mkdir()
             o_side = o.model_copy(update={"steps": q.steps})
@@ -180,45 +185,34 @@ def result_of(
     curves: dict[str, list[dict[str, Any]]],
     steps_s: dict[str, list[float]],
 ) -> SuiteResult:
-    passed = {side: first_pass(curves[side], target) for side in SIDES}
-    trained_min = {side: math.fsum(steps_s[side]) / 60 for side in SIDES}
+    sides = [side for side in SIDES if side in curves]  # TRL's is left out with quality.trl=false
+    passed = {side: first_pass(curves[side], target) for side in sides}
+    trained_min = {side: math.fsum(steps_s[side]) / 60 for side in sides}
+    trl = "TRL" in curves
+    baseline = "TRL 1.16 GRPOTrainer" if trl else ""
+
+    def beside(figure: str, unit: str, of: Callable[[str], Any], better: str = "higher") -> Row:
+        return Row(figure, unit, spread(of("mcprl")), spread(of("TRL")) if trl else None, baseline, better=better)
+
     rows = [
-        Row(
-            "best held-out success",
-            "% of tasks",
-            spread(max(p["success"] for p in curves["mcprl"]) * 100),
-            spread(max(p["success"] for p in curves["TRL"]) * 100),
-            "TRL 1.16 GRPOTrainer",
-        ),
-        Row(  # the best alone would hide a side that passed the target and then lost it
-            f"held-out success after step {q.steps}",
-            "% of tasks",
-            spread(curves["mcprl"][-1]["success"] * 100),
-            spread(curves["TRL"][-1]["success"] * 100),
-            "TRL 1.16 GRPOTrainer",
-        ),
-        Row(
-            "training time per step",
-            "s",
-            spread(steps_s["mcprl"]),
-            spread(steps_s["TRL"]),
-            "TRL 1.16 GRPOTrainer",
-            better="lower",
-        ),
+        beside("best held-out success", "% of tasks", lambda side: max(p["success"] for p in curves[side]) * 100),
+        # the best alone would hide a side that passed the target and then lost it
+        beside(f"held-out success after step {q.steps}", "% of tasks", lambda side: curves[side][-1]["success"] * 100),
+        beside("training time per step", "s", lambda side: steps_s[side], better="lower"),
     ]
     label = f"training minutes to warm start + {q.target_points:g} points"
     if passed["mcprl"]:
-        trl = passed["TRL"]
+        trl_pass = passed.get("TRL")
         rows.insert(
             0,
             Row(
                 label,
                 "min",
                 spread(passed["mcprl"]["train_s"] / 60),
-                spread(trl["train_s"] / 60) if trl else None,
-                "TRL 1.16 GRPOTrainer" if trl else "",
+                spread(trl_pass["train_s"] / 60) if trl_pass else None,
+                baseline if trl_pass else "",
                 better="lower",
-                goal="lower than TRL's",
+                goal="lower than TRL's" if trl else "",
             ),
         )
 
@@ -235,27 +229,31 @@ def result_of(
             f"{p['gain'] * 100:+.1f} points, 95% CI [{p['ci'][0] * 100:+.1f}, {p['ci'][1] * 100:+.1f}]"
         )
 
+    steps_note = ", ".join(f"~{statistics.median(steps_s[side]):.0f} s of {side}'s training" for side in sides[::-1])
+    trainers = "mcprl: configs/bench-e2e.yaml; TRL: bench/trl_baseline.py" if trl else "mcprl: configs/bench-e2e.yaml"
     notes = [
         f"Held out: {q.held_out_tasks} rule tasks of the training templates (polygon, simple) whose prompts the "
         f"{q.train_tasks} training tasks do not have; warm start {warm:.1%} after {q.warm_steps} SFT steps "
         f"(mcprl's sft_warmup), target {target:.1%}; one seed ({q.seed}).",
-        said("mcprl"),
-        said("TRL"),
+        *(said(side) for side in sides[::-1]),
         f"Each side's adapter is scored by `jobs.evaluate` (greedy, answer right) every {q.eval_every} steps, "
         "and before the first score at the target every step since the one scored before it, so a first pass is "
-        f"found to the step (a step: ~{statistics.median(steps_s['mcprl']):.0f} s of mcprl's training, "
-        f"~{statistics.median(steps_s['TRL']):.0f} s of TRL's). Training minutes sum the step times up to it "
+        f"found to the step (a step: {steps_note}). Training minutes sum the step times up to it "
         "(start-up, saving and evaluation left out).",
-        "Each side trains with its own algorithm as configured (mcprl: configs/bench-e2e.yaml; TRL: "
-        "bench/trl_baseline.py); the work and where it differs as in suite e2e.",
+        f"Each side trains with its own algorithm as configured ({trainers}); the work and where it differs as "
+        "in suite e2e.",
     ]
+    if q.mcprl_sets:
+        notes.append(f"mcprl's GRPO run with {set_args(q.mcprl_sets)[1::2]} (quality.mcprl_sets; not its warm start)")
+    if not trl:
+        notes.append("TRL's side not run (quality.trl=false).")
     curve = Curve(
         "held-out success against training time",
         "minutes of training",
         "held-out success (%)",
         {
             side: [(0.0, spread(warm * 100))] + [(p["train_s"] / 60, spread(p["success"] * 100)) for p in curves[side]]
-            for side in SIDES
+            for side in sides
         },
     )
     report = {
@@ -263,7 +261,7 @@ def result_of(
         "warm_start_success": warm,
         "target": target,
         "reached": {
-            side: passed[side] and {k: passed[side][k] for k in ("step", "train_s", "success")} for side in SIDES
+            side: passed[side] and {k: passed[side][k] for k in ("step", "train_s", "success")} for side in sides
         },
         "trained_minutes": trained_min,
         "step_s": steps_s,

@@ -39,6 +39,7 @@ from bench.options import BenchOptions, ScaleOptions
 from bench.results import Curve, Row, SuiteResult, spread
 from bench.rollout import ROLLOUT_GROUP, ROLLOUT_TOOL_S, predicted_ratio, rollout_config
 from cluster.local_cluster import ROOT, clean_env
+from configs.loader import set_args
 from configs.schema import Config
 
 # --------------------------------------------------------------------------- 1. step time against size
@@ -57,11 +58,11 @@ def train_args(config: str, group: int, tasks: int, steps: int, folder: Path) ->
         "train.storage": folder / "runs",
         "data.train": folder.parent / "data" / "tasks.train.jsonl",
         "data.validation": "",  # no evaluation: only steps are timed
-        "sft_warmup.enabled": "false",
-        "logging.wandb": "'off'",  # quoted: YAML reads a bare off as false
+        "sft_warmup.enabled": False,
+        "logging.wandb": "off",
         "logging.sample_trajectories": 0,
     }
-    return ["--config", config, "--run", *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")]]
+    return ["--config", config, "--run", *set_args(sets)]
 
 
 def step_rows(run_folder: Path) -> list[dict[str, Any]]:

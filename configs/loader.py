@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import json
 import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -51,6 +52,19 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     except yaml.YAMLError as e:
         raise ConfigError(f"--set {item!r}: value is not valid YAML: {e}") from None
     return key.strip().split("."), value
+
+
+def set_args(sets: Mapping[str, Any]) -> list[str]:
+    """`{"a.b": c}` → `["--set", "a.b=c", ...]`, each value written so that `parse_override` reads it back as it
+    was: strings and paths as they are unless YAML would read them as something else (`off`, `1e-5`: then
+    quoted), anything else as JSON (None as null, lists and mappings in flow form)."""
+    out = []
+    for key, value in sets.items():
+        text = str(value) if isinstance(value, Path) else value
+        if not isinstance(text, str) or yaml.safe_load(text or "''") != text:
+            text = json.dumps(text)
+        out += ["--set", f"{key}={text}"]
+    return out
 
 
 def apply_override(tree: dict[str, Any], path: list[str], value: Any, source: str) -> None:
