@@ -79,6 +79,31 @@ def test_scan_scores_every_nth_step_then_finds_the_first_pass_to_the_step() -> N
     assert scan(kept, 5, 0.9, score) == [5, 10, 12] and asked == [5, 10, 12]
 
 
+def test_an_ablation_runs_mcprl_alone_and_says_what_it_varied() -> None:
+    q = QualityOptions(steps=10, eval_every=5, trl=False, mcprl_sets={"algorithm.outcome_first": None})
+    curves = {"mcprl": [point(5, 1.0, 0.45), point(10, 2.0, 0.52)]}
+    result = result_of(E2EOptions(), q, 0.40, 0.50, curves, {"mcprl": [12.0] * 10})
+
+    rows = {r.figure: r for r in result.rows}
+    assert rows["training minutes to warm start + 10 points"].ours.values == [2.0]
+    assert all(r.baseline is None and r.baseline_name == "" and r.goal == "" for r in result.rows)
+    assert rows["held-out success after step 10"].ours.values == [52.0]
+    assert set(result.report["reached"]) == {"mcprl"} and set(result.curves[0].series) == {"mcprl"}
+    notes = " ".join(result.notes)
+    assert "mcprl's GRPO run with ['algorithm.outcome_first=null']" in notes and "TRL's side not run" in notes
+    assert "TRL:" not in notes
+
+
+def test_a_bad_key_in_the_ablation_fails_before_anything_runs(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "bench", "--suite", "quality", "--out", str(tmp_path)]
+    cmd += ["--set", "quality.trl=false", "--set", "quality.mcprl_sets={algorithm.outcome_frist: null}"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=clean_env({}), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "quality.mcprl_sets" in proc.stderr and "algorithm.outcome_frist: unknown key" in proc.stderr
+    assert "did you mean algorithm.outcome_first" in proc.stderr
+    assert not list(tmp_path.iterdir())  # no warm start, no files
+
+
 @pytest.mark.slow
 @pytest.mark.bench
 @pytest.mark.timeout(900)

@@ -9,7 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from configs.loader import CONFIG_DIR, ConfigError, dump_config, load_config, load_dotenv_file, parse_override
+from configs.loader import (
+    CONFIG_DIR,
+    ConfigError,
+    dump_config,
+    load_config,
+    load_dotenv_file,
+    parse_override,
+    set_args,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -141,6 +149,27 @@ def test_tool_format_is_compact_unless_json_and_refuses_others(tmp_path):
     # The key, the value and the choices: enough to fix the file without reading the schema.
     assert "env.tool_format" in str(e.value) and "'yaml'" in str(e.value) and str(p) in str(e.value)
     assert "'compact'" in str(e.value) and "'json'" in str(e.value)
+
+
+def test_set_args_write_values_that_parse_back_as_they_were() -> None:
+    values = {
+        "a.none": None,
+        "a.off": "off",  # YAML would read a bare off as false
+        "a.path": Path("/tmp/x y"),
+        "a.float": 1e-4,
+        "a.flag": True,
+        "a.list": [1, "x"],
+        "a.map": {"k": None},
+        "a.name": "smollm2-135m-instruct",
+        "a.empty": "",
+    }
+    args = set_args(values)
+    assert args[0::2] == ["--set"] * len(values)
+    back = {".".join(keys): value for keys, value in map(parse_override, args[1::2])}
+    assert back == {**values, "a.path": "/tmp/x y"}
+    # Through a whole config: a null where the schema takes one.
+    cfg = load_config(None, set_args({"algorithm.outcome_first": None, "logging.wandb": "off"})[1::2])
+    assert cfg.algorithm.outcome_first is None and cfg.logging.wandb == "off"
 
 
 def test_override_errors():
