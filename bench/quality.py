@@ -38,7 +38,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from rich.console import Console
 
@@ -49,6 +49,7 @@ from configs.loader import set_args
 from jobs.stats import outcomes, paired_gain
 
 SIDES = ("TRL", "mcprl")
+Better = Literal["lower", "higher"]
 
 
 def split_tasks(o: E2EOptions, q: QualityOptions, folder: Path) -> tuple[Path, Path]:
@@ -191,7 +192,7 @@ def result_of(
     trl = "TRL" in curves
     baseline = "TRL 1.16 GRPOTrainer" if trl else ""
 
-    def beside(figure: str, unit: str, of: Callable[[str], Any], better: str = "higher") -> Row:
+    def beside(figure: str, unit: str, of: Callable[[str], Any], better: Better = "higher") -> Row:
         return Row(figure, unit, spread(of("mcprl")), spread(of("TRL")) if trl else None, baseline, better=better)
 
     rows = [
