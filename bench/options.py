@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from configs.loader import ConfigError, apply_override, format_errors, load_config, parse_override, set_args
+from configs.loader import ConfigError, apply_override, format_errors, load_config, parse_override, set_items
 from configs.schema import Config
 
 SUITES = (
@@ -286,7 +286,7 @@ class BenchOptions(Section):
         ):
             if sets:
                 try:
-                    load_config(config, set_args(sets)[1::2])
+                    load_config(config, set_items(sets))
                 except ConfigError as e:
                     raise ConfigError(f"{key}: {e}") from None
         return opts

@@ -45,7 +45,7 @@ from rich.console import Console
 from bench.e2e import _run, run_mcprl, run_trl, sizes, write_tasks
 from bench.options import BenchOptions, E2EOptions, QualityOptions
 from bench.results import Curve, Row, SuiteResult, spread
-from configs.loader import set_args
+from configs.loader import set_args, set_items
 from jobs.stats import outcomes, paired_gain
 
 SIDES = ("TRL", "mcprl")
@@ -245,7 +245,7 @@ def result_of(
         "in suite e2e.",
     ]
     if q.mcprl_sets:
-        notes.append(f"mcprl's GRPO run with {set_args(q.mcprl_sets)[1::2]} (quality.mcprl_sets; not its warm start)")
+        notes.append(f"mcprl's GRPO run with {set_items(q.mcprl_sets)} (quality.mcprl_sets; not its warm start)")
     if not trl:
         notes.append("TRL's side not run (quality.trl=false).")
     curve = Curve(

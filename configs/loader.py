@@ -54,17 +54,23 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     return key.strip().split("."), value
 
 
-def set_args(sets: Mapping[str, Any]) -> list[str]:
-    """`{"a.b": c}` → `["--set", "a.b=c", ...]`, each value written so that `parse_override` reads it back as it
-    was: strings and paths as they are unless YAML would read them as something else (`off`, `1e-5`: then
-    quoted), anything else as JSON (None as null, lists and mappings in flow form)."""
+def set_items(sets: Mapping[str, Any]) -> list[str]:
+    """`{"a.b": c}` → `["a.b=c", ...]` (what `load_config` takes as overrides), each value written so that
+    `parse_override` reads it back as it was: strings and paths as they are unless YAML would read them as
+    something else (`off`, `null`: then quoted), anything else as JSON (None as null, lists and mappings in flow
+    form). A float in exponent form (1e-05) comes back as a string, which the config's float fields take."""
     out = []
     for key, value in sets.items():
         text = str(value) if isinstance(value, Path) else value
         if not isinstance(text, str) or yaml.safe_load(text or "''") != text:
             text = json.dumps(text)
-        out += ["--set", f"{key}={text}"]
+        out.append(f"{key}={text}")
     return out
+
+
+def set_args(sets: Mapping[str, Any]) -> list[str]:
+    """`set_items` as command-line arguments: `["--set", "a.b=c", ...]`."""
+    return [arg for item in set_items(sets) for arg in ("--set", item)]
 
 
 def apply_override(tree: dict[str, Any], path: list[str], value: Any, source: str) -> None:

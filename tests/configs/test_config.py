@@ -17,6 +17,7 @@ from configs.loader import (
     load_dotenv_file,
     parse_override,
     set_args,
+    set_items,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -155,6 +156,7 @@ def test_set_args_write_values_that_parse_back_as_they_were() -> None:
     values = {
         "a.none": None,
         "a.off": "off",  # YAML would read a bare off as false
+        "a.null_text": "null",  # a string, not None
         "a.path": Path("/tmp/x y"),
         "a.float": 1e-4,
         "a.flag": True,
@@ -168,7 +170,7 @@ def test_set_args_write_values_that_parse_back_as_they_were() -> None:
     back = {".".join(keys): value for keys, value in map(parse_override, args[1::2])}
     assert back == {**values, "a.path": "/tmp/x y"}
     # Through a whole config: a null where the schema takes one.
-    cfg = load_config(None, set_args({"algorithm.outcome_first": None, "logging.wandb": "off"})[1::2])
+    cfg = load_config(None, set_items({"algorithm.outcome_first": None, "logging.wandb": "off"}))
     assert cfg.algorithm.outcome_first is None and cfg.logging.wandb == "off"
 
 
