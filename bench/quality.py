@@ -231,7 +231,7 @@ def result_of(
         )
 
     steps_note = ", ".join(f"~{statistics.median(steps_s[side]):.0f} s of {side}'s training" for side in sides[::-1])
-    trainers = "mcprl: configs/bench-e2e.yaml; TRL: bench/trl_baseline.py" if trl else "mcprl: configs/bench-e2e.yaml"
+    trainers = f"mcprl: {o.config}" + ("; TRL: bench/trl_baseline.py" if trl else "")
     notes = [
         f"Held out: {q.held_out_tasks} rule tasks of the training templates (polygon, simple) whose prompts the "
         f"{q.train_tasks} training tasks do not have; warm start {warm:.1%} after {q.warm_steps} SFT steps "
