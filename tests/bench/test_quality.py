@@ -136,3 +136,22 @@ def test_quality_quick_trains_both_sides_from_one_warm_start_and_scores_every_ad
     per_step = rows["training time per step"]
     assert per_step["ours"]["n"] == 2 and per_step["baseline"]["n"] == 2
     assert all(math.isfinite(v) and v > 0 for v in per_step["ours"]["values"] + per_step["baseline"]["values"])
+
+
+@pytest.mark.slow
+@pytest.mark.bench
+@pytest.mark.timeout(600)
+def test_an_ablation_from_the_command_line_trains_mcprl_alone_with_its_sets(tmp_path: Path) -> None:
+    env = clean_env({"HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")})
+    cmd = [sys.executable, "-m", "bench", "--suite", "quality", "--quick", "--out", str(tmp_path)]
+    cmd += ["--set", "quality.trl=false", "--set", "quality.mcprl_sets={algorithm.outcome_first: null}"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=580)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "TRL:" not in proc.stdout  # TRL's side never started
+
+    doc = json.loads((tmp_path / "quality.json").read_text())
+    report = doc["report"]
+    assert set(report["points"]) == {"mcprl"} and [p["step"] for p in report["points"]["mcprl"]] == [1, 2]
+    assert report["options"]["quality"]["mcprl_sets"] == {"algorithm.outcome_first": None}
+    assert all(r["baseline"] is None for r in doc["rows"])
+    assert "mcprl's GRPO run with ['algorithm.outcome_first=null']" in " ".join(doc["notes"])
