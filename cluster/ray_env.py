@@ -30,6 +30,9 @@ _EMBEDDED_ENV = {
     # Ray reads it once, when `ray` is first imported: see configure_ray_env.
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
     "RAY_DEDUP_LOGS": "1",
+    # Serve kills a proxy not ready within this (5 s by default), and its start fails; on 2 busy cores a proxy
+    # often needs longer. serve_apps.tool_pool.start_serve waits for the restarted one where this is not set.
+    "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "30",
 }
 
 

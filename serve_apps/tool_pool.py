@@ -489,6 +489,7 @@ def start_serve(http: HttpConfig, serves: str) -> ServeAddress:
     serves, for the line that says so): a second proxy would otherwise share it, since Serve binds with
     SO_REUSEPORT, and the kernel would hand one run's HTTP clients to the other run's tools."""
     from ray import serve
+    from ray.exceptions import RayActorError
     from ray.serve.context import _get_global_client
 
     options = None
@@ -496,9 +497,53 @@ def start_serve(http: HttpConfig, serves: str) -> ServeAddress:
         explicit = http.port_is_explicit()
         port = listen_port("tools.http.port", http.host, http.port, explicit=explicit, serves=serves)
         options = {"host": http.host, "port": port}
-    serve.start(http_options=options, logging_config={"log_level": "WARNING", "enable_access_log": False})
+    try:
+        serve.start(http_options=options, logging_config={"log_level": "WARNING", "enable_access_log": False})
+    except (RayActorError, TimeoutError) as e:
+        log.warning("Ray Serve's HTTP proxy was slow to start (%s); waiting for the next", type(e).__name__)
+    # Serve's controller kills a proxy that fails its ready check (5 s at first, RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S)
+    # three times, even after serve.start returned, and starts another with a longer timeout; on a busy machine the
+    # first proxy is often that slow. Wait for a healthy one rather than fail the run's first tool calls.
+    wait_for_proxy(PROXY_WAIT_S)
     running = _get_global_client().http_config
     return ServeAddress(running.host, running.port, options is not None)
+
+
+# How long start_serve waits for Serve's proxy to be healthy; how long Serve lists none before it counts as without.
+PROXY_WAIT_S = 180.0
+NO_PROXY_S = 10.0
+
+
+def wait_for_proxy(timeout_s: float) -> None:
+    """Wait until Serve's proxy on this node (else every proxy) is HEALTHY; a clear error if not within `timeout_s`.
+    Serve lists no proxy for a moment while it replaces one; listing none for `NO_PROXY_S`, it runs without."""
+    import time
+
+    import ray
+    from ray import serve
+
+    here = ray.get_runtime_context().get_node_id()
+    start = time.monotonic()
+    listed = start
+    while True:
+        now = time.monotonic()
+        proxies = {node: str(getattr(s, "value", s)) for node, s in serve.status().proxies.items()}
+        waited = {here: proxies[here]} if here in proxies else proxies
+        if waited:
+            listed = now
+            if all(s == "HEALTHY" for s in waited.values()):
+                return
+        elif now - listed > NO_PROXY_S:
+            return
+        if now - start > timeout_s:
+            states = ", ".join(f"node {n[:8]}: {s}" for n, s in waited.items()) or "none listed"
+            raise RuntimeError(
+                f"Ray Serve's HTTP proxy did not become healthy within {timeout_s:.0f} s ({states}). The machine "
+                "may be too busy for it to start: free some CPU, or start Ray with a longer "
+                "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S in its environment. Serve's own log: the Ray session's "
+                "logs/serve/ folder."
+            )
+        time.sleep(0.2)
 
 
 def undeploy_pool(pool: ServeToolPool, timeout_s: float = 60.0) -> None:
