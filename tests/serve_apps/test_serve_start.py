@@ -7,14 +7,12 @@ race is not reproduced here: on a quiet machine serve.start returns and Serve re
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from cluster.local_cluster import ROOT, clean_env
 
 SCRIPT = """
 import asyncio, logging
@@ -40,8 +38,7 @@ with ray_session(cfg.cluster):
 @pytest.mark.slow
 def test_a_proxy_killed_for_a_slow_start_leaves_the_pool_serving() -> None:
     # 0.3 s: no proxy starts that fast here, so Serve kills the first; it allows 0.6 s, 0.9 s, ... to the next ones.
-    env = {**os.environ, "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "0.3"}
-    env.pop("RAY_ADDRESS", None)
+    env = clean_env({"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "0.3"})
     proc = subprocess.run(
         [sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
     )
