@@ -36,6 +36,8 @@ _WARNINGS_ONLY = ("httpx", "httpx2", "mcp", "ray._private.worker", "ray.serve")
 _NOTICES: dict[str, tuple[str, ...]] = {
     # On by default in a new local Ray; its opposite (auth disabled) still warns.
     "ray._private.authentication.authentication_token_setup": ("Token authentication is enabled",),
+    # cluster/ray_env.py start_ray_early starts Ray on a thread, and sets this handler on the main thread itself.
+    "ray._private.worker": ("SIGTERM handler is not set because current thread is not the main thread",),
     # vLLM on CPU, about settings actors/vllm_engine.py chooses on purpose (eager mode, no chunked
     # prefill) and kernels a CPU build does without.
     "vllm.triton_utils.importing": (

@@ -11,9 +11,13 @@ import functools
 import logging
 import math
 import os
+import signal
 import socket
+import sys
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -282,9 +286,52 @@ def stop_ray(handle: RayHandle) -> None:
     ray.shutdown()
 
 
+def start_ray_early(cfg: ClusterConfig) -> Future[RayHandle] | None:
+    """An embedded Ray's start on a thread, for a job that overlaps it with its own checks (preflight's imports
+    keep one core busy, Ray's new processes the other: 3-5 s sooner to the engines' start on 2 cores). Hand the
+    result to `ray_session`, or to `stop_early` where the job does not go on. None where the job connects to a
+    cluster (that costs little, and preflight checks the address first) or Ray is up already."""
+    if cluster_address(cfg):
+        return None
+    configure_ray_env()
+    import ray  # here, not on the thread: the two threads' imports then share none of Ray's own
+
+    if ray.is_initialized():
+        return None
+    # What ray.init sets when it runs on the main thread (it cannot on another): SIGTERM leaves by SystemExit,
+    # so that the job's `finally` blocks stop Ray.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(signum))
+    started: Future[RayHandle] = Future()
+
+    def start() -> None:
+        try:
+            started.set_result(start_ray(cfg))
+        except BaseException as e:  # the job sees it where it takes the handle
+            started.set_exception(e)
+            return
+        # Ray's processes get the parent-death signal when the thread that started them ends (Linux's is per
+        # thread): this one lives as long as the process.
+        threading.Event().wait()
+
+    threading.Thread(target=start, name="ray-start", daemon=True).start()
+    return started
+
+
+def stop_early(started: Future[RayHandle] | None) -> None:
+    """Undo `start_ray_early` for a job that does not go on (its checks failed, or Ctrl-C)."""
+    if started is None:
+        return
+    try:
+        handle = started.result()
+    except Exception:  # it did not start: nothing to stop
+        return
+    stop_ray(handle)
+
+
 @contextmanager
-def ray_session(cfg: ClusterConfig) -> Iterator[RayHandle]:
-    handle = start_ray(cfg)
+def ray_session(cfg: ClusterConfig, started: Future[RayHandle] | None = None) -> Iterator[RayHandle]:
+    """Ray for the block, stopped after it where it was started here; `started`: `start_ray_early`'s."""
+    handle = started.result() if started is not None else start_ray(cfg)
     try:
         yield handle
     finally:

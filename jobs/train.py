@@ -46,9 +46,10 @@ import sys
 from typing import Any
 
 from cluster import storage
+from cluster.ray_env import ray_session, start_ray_early, stop_early
 from configs.schema import Config
 from jobs.checkpoints import latest_checkpoint
-from jobs.cli import INTERRUPTED_EXIT, base_parser, interruptible, setup, usage_error
+from jobs.cli import INTERRUPTED_EXIT, base_parser, interruptible, setup, skip_final_gc, usage_error
 from jobs.held_out import milestone_lines
 from jobs.train_driver import RESUME_HINT, Driver, RunStopped, resume_command
 
@@ -93,16 +94,21 @@ def main(argv: list[str] | None = None) -> None:
     run = run_location(cfg)
     if args.run and latest_checkpoint(run) is not None and not (args.resume or args.fresh):
         usage_error(f"{run} already holds checkpoints: add --resume, or --fresh to start over")
-    pf = run_preflight(cfg, write=args.run)  # a dry run writes nothing
+    started = start_ray_early(cfg.cluster) if args.run else None  # beside preflight: the engines start sooner
+    try:
+        pf = run_preflight(cfg, write=args.run)  # a dry run writes nothing
+    except BaseException:
+        stop_early(started)
+        raise
     print_preflight(pf, cfg)
     if not pf.ok:
-        print(f"preflight failed: {len(pf.failures())} check(s); nothing was started", file=sys.stderr)
+        stop_early(started)
+        print(f"preflight failed: {len(pf.failures())} check(s); the run did not start", file=sys.stderr)
         sys.exit(1)
     if not args.run:
         print("preflight passed; add --run to train")
         return
     from cluster.metrics import dashboard_line, metrics_run
-    from cluster.ray_env import ray_session
     from orchestration.learner_group import LearnerDied
 
     if not args.resume and storage.exists(run):
@@ -111,7 +117,7 @@ def main(argv: list[str] | None = None) -> None:
     resume_cmd = resume_command(args.config, args.overrides)
     interruptible()
     try:  # Ctrl-C at any point, Ray's start included: one line and the resume command, no traceback
-        with ray_session(cfg.cluster) as ray_handle:
+        with ray_session(cfg.cluster, started) as ray_handle:
             print(dashboard_line(ray_handle.dashboard_url, metrics_run(cfg)), flush=True)
             driver = Driver(cfg, pf, run, args.resume, resume_cmd)
 
@@ -157,3 +163,4 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+    skip_final_gc()

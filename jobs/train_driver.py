@@ -310,9 +310,14 @@ class Driver:
         wall = time.perf_counter() - t_start
         extra: dict[str, Any] = {"health": self.health, "wall_time_s": wall, "steps": self.step}
         extra.update(await self.services.judge_counts())
-        report = write_report(self.run_dir, self.tracker.history(), self.evals, adapter=adapter, extra=extra)
+        # Nothing more runs on the services: they stop (an engine's exit takes seconds) while the report is drawn.
+        stopping = asyncio.ensure_future(self.services.close())
+        report = await asyncio.to_thread(
+            write_report, self.run_dir, self.tracker.history(), self.evals, adapter=adapter, extra=extra
+        )
         self.tracker.finish()  # W&B's files are complete only now
         await asyncio.to_thread(self.mirror.push)
+        await stopping
         report_at = storage.join(self.location, storage.name(str(report))) if not self.mirror.in_place else str(report)
         result = {"report": report_at, "evals": self.evals, "wall_time_s": wall, "adapter": adapter}
         if self.health_stop is not None:

@@ -44,6 +44,7 @@ class Services:
     learner: LearnerGroup | None = None
     tracker: Tracker | None = None  # the driver finishes it last (close() leaves it)
     deploying: asyncio.Future[None] | None = None  # ToolsStart's deployment, which close() waits for
+    closing: asyncio.Future[None] | None = None  # close()'s stop, once begun
 
     def runner_judge(self) -> JudgeHandle | None:
         """What the runner actors get: the deployment's handle; None makes each build its own from config."""
@@ -69,7 +70,14 @@ class Services:
     async def close(self) -> None:
         """Stop everything at once (the engines' stop takes seconds). Serve's apps are detached and outlive the
         driver, so an error removing them is raised once the groups have stopped; the actors die with the
-        driver anyway, so stopping one group that fails is a warning and does not keep the others running."""
+        driver anyway, so stopping one group that fails is a warning and does not keep the others running.
+        A second call waits for the first one's stop: a run's end starts it beside the report, and the
+        driver's `finally` calls it again."""
+        if self.closing is None:
+            self.closing = asyncio.ensure_future(self._stop())
+        await self.closing
+
+    async def _stop(self) -> None:
         from serve_apps.tool_pool import undeploy_pool
 
         if self.deploying is not None:  # a thread cannot be cancelled: what it deploys is removed once it ends

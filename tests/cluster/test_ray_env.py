@@ -179,3 +179,38 @@ def test_the_embedded_ray_gets_a_whole_cpu_count():
     assert [embedded_cpus(ClusterConfig(num_cpus=n)) for n in (8, 8.0, 0.5)] == [8, 8, 1]
     assert isinstance(embedded_cpus(ClusterConfig(num_cpus=8.0)), int)
     assert embedded_cpus(ClusterConfig()) == os.cpu_count()
+
+
+# A job's early start, as jobs.train makes it: Ray starts on a thread while the job imports; its processes must
+# outlive that thread's work (they get a signal when the thread that started them ends), and stop_early stops them.
+EARLY_START = """
+import json, time
+from cluster.console import quiet_third_party
+from cluster.ray_env import ray_session, start_ray_early, stop_early
+quiet_third_party()  # as every job's setup does
+from configs.schema import ClusterConfig
+cfg = ClusterConfig(num_cpus=1)
+started = start_ray_early(cfg)
+import torch  # the job's own work meanwhile
+with ray_session(cfg, started) as handle:
+    time.sleep(2)  # long after the start: a thread that had ended would have taken Ray with it
+    import psutil, ray
+    ours = [p for p in psutil.Process().children(recursive=True)]
+    print(json.dumps({"answer": ray.get(ray.remote(lambda: 41 + 1).remote()), "pids": [p.pid for p in ours]}))
+again = start_ray_early(cfg)
+stop_early(again)  # a job whose checks fail
+import ray
+print(json.dumps({"after_stop": ray.is_initialized()}))
+"""
+
+
+def test_an_early_start_beside_the_jobs_checks_keeps_ray_up_and_stops_it() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", EARLY_START], cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    first, last = (json.loads(line) for line in done.stdout.strip().splitlines()[-2:])
+    assert first["answer"] == 42
+    assert last == {"after_stop": False}
+    assert not [pid for pid in first["pids"] if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+    assert "SIGTERM handler is not set" not in done.stderr  # the job sets it itself: no warning for its user

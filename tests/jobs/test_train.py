@@ -227,7 +227,7 @@ def test_a_bad_task_file_stops_before_anything_starts(tmp_path: Path) -> None:
     proc = train(tmp_path, "--run", data=data, check=False)
     assert proc.returncode == 1
     assert "[FAIL] data" in proc.stdout and "row 1" in proc.stdout
-    assert "nothing was started" in proc.stderr
+    assert "the run did not start" in proc.stderr
     assert not (tmp_path / "runs").exists()
 
 

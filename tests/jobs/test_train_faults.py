@@ -77,8 +77,15 @@ async def test_a_killed_learner_is_rebuilt_from_the_checkpoint_and_the_run_goes_
         await until(lambda: (checkpoints / "step_1").is_dir(), run, "the first checkpoint")
         first = ray.get_actor(name)
         ray.kill(first)  # during step 2: its rollout is under way, its training step will fail
+
+        def rebuilt() -> bool:  # looked for while the run goes on: its end stops its actors
+            try:
+                return ray.get_actor(name)._actor_id != first._actor_id
+            except ValueError:  # the killed one is gone, and the new one is not up yet
+                return False
+
+        await until(rebuilt, run, "a new learner actor")
         result = await asyncio.wait_for(run, TIMEOUT_S)
-        assert ray.get_actor(name)._actor_id != first._actor_id, "the learner was not started again"
     finally:
         if not run.done():
             run.cancel()
