@@ -4,9 +4,6 @@ schedule and counting in-process."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,17 +11,12 @@ import pytest
 from bench.chaos import FAULTS, WINDOW, count_episodes, schedule
 from bench.options import BenchOptions
 from configs.loader import ConfigError
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.bench.suite_run import run_suite
 
 
 @pytest.mark.slow
 def test_chaos_quick_run_meets_every_fault_finishes_and_ends_where_the_unbroken_run_ends(tmp_path: Path) -> None:
-    env = os.environ | {"HF_HUB_OFFLINE": "1"}
-    env.pop("RAY_ADDRESS", None)  # the suite starts its own Ray
-    cmd = [sys.executable, "-m", "bench", "--suite", "chaos", "--quick", "--out", str(tmp_path)]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = run_suite(tmp_path, "chaos", timeout=900)
     doc = json.loads((tmp_path / "chaos.json").read_text())
     report = doc["report"]
     s = report["summary"]

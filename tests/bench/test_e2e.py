@@ -6,16 +6,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from cluster.local_cluster import ROOT, clean_env
+from tests.bench.suite_run import run_suite
 
 pytest.importorskip("trl", reason="TRL is the baseline: pip install -e '.[bench]'")
 
@@ -24,10 +21,7 @@ pytest.importorskip("trl", reason="TRL is the baseline: pip install -e '.[bench]
 @pytest.mark.bench
 @pytest.mark.timeout(600)
 def test_e2e_quick_writes_sensible_figures(tmp_path: Path) -> None:
-    env = clean_env({"HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")})
-    cmd = [sys.executable, "-m", "bench", "--suite", "e2e", "--quick", "--out", str(tmp_path)]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=580)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = run_suite(tmp_path, "e2e", timeout=580)
     assert "TRL / mcprl step time" in proc.stdout
 
     doc = json.loads((tmp_path / "e2e.json").read_text())

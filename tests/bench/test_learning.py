@@ -7,15 +7,12 @@ and no GRPO step."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from cluster.local_cluster import ROOT, clean_env
+from tests.bench.suite_run import run_suite
 
 
 def records(run_dir: str) -> list[dict[str, Any]]:
@@ -27,10 +24,7 @@ def records(run_dir: str) -> list[dict[str, Any]]:
 @pytest.mark.bench
 @pytest.mark.timeout(900)
 def test_learning_quick_compares_grpo_with_sft_for_the_same_time(tmp_path: Path) -> None:
-    env = clean_env({"HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")})
-    cmd = [sys.executable, "-m", "bench", "--suite", "learning", "--quick", "--out", str(tmp_path)]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=880)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_suite(tmp_path, "learning", timeout=880)
     for ext in ("json", "md", "png"):
         assert (tmp_path / f"learning.{ext}").stat().st_size > 0
     table = (tmp_path / "learning.md").read_text()
@@ -71,8 +65,7 @@ def test_learning_quick_compares_grpo_with_sft_for_the_same_time(tmp_path: Path)
 
     # Run again, as a user finishing the seeds one invocation at a time: the finished seed is read back, not rerun.
     before = (Path(grpo["run_dir"]) / "metrics.jsonl").stat().st_mtime_ns
-    again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    again = run_suite(tmp_path, "learning", timeout=300)
     assert "seed 0: finished " in again.stdout and "read from" in again.stdout, again.stdout[-3000:]
     assert (Path(grpo["run_dir"]) / "metrics.jsonl").stat().st_mtime_ns == before
     (reread,) = json.loads((tmp_path / "learning.json").read_text())["report"]["seeds"]

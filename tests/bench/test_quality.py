@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ import pytest
 from bench.options import E2EOptions, QualityOptions
 from bench.quality import result_of, scan
 from cluster.local_cluster import ROOT, clean_env
+from tests.bench.suite_run import run_suite
 
 
 def point(step: int, minutes: float, success: float) -> dict[str, Any]:
@@ -108,10 +108,7 @@ def test_a_bad_key_in_the_ablation_fails_before_anything_runs(tmp_path: Path) ->
 @pytest.mark.bench
 @pytest.mark.timeout(900)
 def test_quality_quick_trains_both_sides_from_one_warm_start_and_scores_every_adapter(tmp_path: Path) -> None:
-    env = clean_env({"HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")})
-    cmd = [sys.executable, "-m", "bench", "--suite", "quality", "--quick", "--out", str(tmp_path)]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=880)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_suite(tmp_path, "quality", timeout=880)
     for ext in ("json", "md", "png"):
         assert (tmp_path / f"quality.{ext}").stat().st_size > 0
     assert "TRL 1.16 GRPOTrainer" in (tmp_path / "quality.md").read_text()
@@ -142,11 +139,8 @@ def test_quality_quick_trains_both_sides_from_one_warm_start_and_scores_every_ad
 @pytest.mark.bench
 @pytest.mark.timeout(600)
 def test_an_ablation_from_the_command_line_trains_mcprl_alone_with_its_sets(tmp_path: Path) -> None:
-    env = clean_env({"HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")})
-    cmd = [sys.executable, "-m", "bench", "--suite", "quality", "--quick", "--out", str(tmp_path)]
-    cmd += ["--set", "quality.trl=false", "--set", "quality.mcprl_sets={algorithm.outcome_first: null}"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=580)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    sets = ["--set", "quality.trl=false", "--set", "quality.mcprl_sets={algorithm.outcome_first: null}"]
+    proc = run_suite(tmp_path, "quality", *sets, timeout=580)
     assert "TRL:" not in proc.stdout  # TRL's side never started
 
     doc = json.loads((tmp_path / "quality.json").read_text())

@@ -6,17 +6,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from bench.options import BenchOptions
 from configs.loader import ConfigError
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.bench.suite_run import run_suite
 
 
 def rows_by_figure(doc: dict) -> dict[str, dict]:
@@ -32,11 +28,7 @@ def finite_values(spread: dict) -> list[float]:
 @pytest.mark.slow
 @pytest.mark.bench
 def test_scale_quick_writes_sensible_figures(tmp_path: Path) -> None:
-    env = os.environ | {"HF_HUB_OFFLINE": "1"}
-    env.pop("RAY_ADDRESS", None)  # the suite's jobs.train processes start their own Ray
-    cmd = [sys.executable, "-m", "bench", "--suite", "scale", "--quick", "--out", str(tmp_path)]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_suite(tmp_path, "scale", timeout=900)
     for ext in ("json", "md", "png"):
         assert (tmp_path / f"scale.{ext}").stat().st_size > 0
     doc = json.loads((tmp_path / "scale.json").read_text())

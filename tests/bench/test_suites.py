@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.bench.suite_run import run_suite
 
 pytestmark = pytest.mark.slow  # Ray, vLLM or a job's own process: `make test` runs it, `make test-fast` skips it
 
@@ -21,11 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def bench(tmp_path: Path, suite: str, *args: str, timeout: int = 600) -> tuple[dict[str, Any], str]:
     """Run one suite in a fresh process; its JSON document and its stdout."""
-    cmd = [sys.executable, "-m", "bench", "--suite", suite, "--quick", "--out", str(tmp_path), *args]
-    done = subprocess.run(
-        cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env={**os.environ, "HF_HUB_OFFLINE": "1"}
-    )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    done = run_suite(tmp_path, suite, *args, timeout=timeout)
     doc = json.loads((tmp_path / f"{suite}.json").read_text())
     table = (tmp_path / f"{suite}.md").read_text()
     assert doc["suite"] == suite and doc["report"]["machine"]["cores"] >= 1 and doc["report"]["wall_s"] > 0
