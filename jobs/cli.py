@@ -26,7 +26,7 @@ def interruptible() -> None:
 
 def skip_final_gc() -> None:
     """Call at a job's end, just before the interpreter exits: its last full collection walks every object that
-    torch, transformers and Ray made (2-2.5 s on a 2-core CPU), to free memory that the exit frees anyway.
+    torch, transformers and Ray made (1.7-2.7 s on a 2-core CPU), to free memory that the exit frees anyway.
     Frozen objects are left out of it; atexit handlers and the flush of stdout still run. Never in a process that
     goes on (a test's): its collector would skip them for good."""
     gc.freeze()

@@ -13,11 +13,10 @@ from typing import Any
 
 import pytest
 
+from cluster.local_cluster import ROOT
 from tests.bench.suite_run import run_suite
 
 pytestmark = pytest.mark.slow  # Ray, vLLM or a job's own process: `make test` runs it, `make test-fast` skips it
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def bench(tmp_path: Path, suite: str, *args: str, timeout: int = 600) -> tuple[dict[str, Any], str]:
