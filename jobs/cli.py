@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import gc
+import atexit
 import logging
+import os
 import signal
 import sys
+import threading
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from cluster.console import quiet_third_party
@@ -24,12 +27,34 @@ def interruptible() -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def skip_final_gc() -> None:
-    """Call at a job's end, just before the interpreter exits: its last full collection walks every object that
-    torch, transformers and Ray made (1.7-2.7 s on a 2-core CPU), to free memory that the exit frees anyway.
-    Frozen objects are left out of it; atexit handlers and the flush of stdout still run. Never in a process that
-    goes on (a test's): its collector would skip them for good."""
-    gc.freeze()
+def run_and_leave(main: Callable[[], None]) -> NoReturn:
+    """A job's `__main__`: run `main`, then leave without the interpreter's finalization.
+
+    That finalization's last full collection walks every object torch, transformers and Ray made (1.7-2.7 s on a
+    2-core CPU) to free memory the exit frees anyway, and its module teardown makes nanobind extensions (triton's,
+    imported by transformers) print a leak report of dozens of lines. Leaving by `os._exit` skips both; what a
+    normal exit does first still runs here: non-daemon threads are joined, atexit handlers run, stdio is
+    flushed. An exception other than SystemExit leaves the normal way, with its traceback."""
+    try:
+        main()
+        code: int = 0
+    except SystemExit as e:
+        if e.code is None or isinstance(e.code, int):
+            code = e.code or 0
+        else:  # sys.exit("message"): printed, status 1, as the interpreter does
+            print(e.code, file=sys.stderr)
+            code = 1
+    current = threading.current_thread()
+    for t in threading.enumerate():
+        if t is not current and not t.daemon:
+            t.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: nothing left to say
+            pass
+    os._exit(code)
 
 
 def base_parser(description: str) -> argparse.ArgumentParser:

@@ -28,7 +28,7 @@ from typing import Any
 from actors.adapter_io import read_adapter
 from cluster import storage
 from configs.schema import Config, SamplingConfig
-from jobs.cli import INTERRUPTED_EXIT, base_parser, counted, interruptible, setup, skip_final_gc, usage_error
+from jobs.cli import INTERRUPTED_EXIT, base_parser, counted, interruptible, run_and_leave, setup, usage_error
 from jobs.report import template_table
 from jobs.stats import group_success
 from jobs.train_services import Services, ToolsStart
@@ -300,5 +300,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
-    skip_final_gc()
+    run_and_leave(main)

@@ -49,7 +49,7 @@ from cluster import storage
 from cluster.ray_env import ray_session, start_ray_early, stop_early
 from configs.schema import Config
 from jobs.checkpoints import latest_checkpoint
-from jobs.cli import INTERRUPTED_EXIT, base_parser, interruptible, setup, skip_final_gc, usage_error
+from jobs.cli import INTERRUPTED_EXIT, base_parser, interruptible, run_and_leave, setup, usage_error
 from jobs.held_out import milestone_lines
 from jobs.train_driver import RESUME_HINT, Driver, RunStopped, resume_command
 
@@ -162,5 +162,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
-    skip_final_gc()
+    run_and_leave(main)
