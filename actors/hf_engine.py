@@ -160,9 +160,11 @@ class HFEngine:
         import torch
 
         from actors.models import load_causal_lm, load_tokenizer
+        from actors.precision import for_device
 
         t0 = time.monotonic()
         self._device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.cfg = for_device(self.cfg, self._device)  # float32 on a CPU without bf16 kernels
         self._tokenizer = await asyncio.to_thread(load_tokenizer, self.cfg.model)
         self._model = await asyncio.to_thread(load_causal_lm, self.cfg.model, self._device)
         self._model.requires_grad_(False)

@@ -59,6 +59,7 @@ from actors.engine_api import (
     merged_push_is_partial,
     weight_push,
 )
+from actors.precision import compute_dtype
 from configs.schema import Config, SamplingConfig
 
 if TYPE_CHECKING:
@@ -154,7 +155,7 @@ class VLLMEngine:
         logging_config = LoggingConfig(log_level=level, pylogging_config_file=vllm_logging_config(level, self._root))
         args = AsyncEngineArgs(
             model=str(folder),
-            dtype=self.cfg.model.dtype,
+            dtype=compute_dtype(self.cfg.model.dtype, "cpu" if cpu else "cuda"),  # actors/precision.py
             max_model_len=self._rollout.max_model_len,
             gpu_memory_utilization=float(
                 os.environ.get("VLLM_GPU_MEMORY_UTILIZATION", self._rollout.vllm_gpu_memory_utilization)

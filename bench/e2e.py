@@ -204,12 +204,15 @@ def run(opts: BenchOptions, console: Console) -> SuiteResult:
         "generation": {side: runs[side][0]["generation"] for side in SIDES},
         "runs": runs,
     }
-    return SuiteResult("e2e", report, rows, notes=notes(o, tokens, turns))
+    dtype = runs["TRL"][0].get("dtype", "bfloat16")
+    return SuiteResult("e2e", report, rows, notes=notes(o, tokens, turns, dtype))
 
 
-def notes(o: E2EOptions, tokens: dict[str, float], turns: dict[str, float]) -> list[str]:
+def notes(o: E2EOptions, tokens: dict[str, float], turns: dict[str, float], dtype: str) -> list[str]:
     """Where the two sides do not do identical work."""
     return [
+        f"Precision: both sides compute in {dtype} (the configs say bfloat16; actors/precision.py: float32 on a CPU "
+        "where torch has no bf16 kernels).",
         f"Generation: mcprl uses its {o.mcprl_backend} engine (a Ray actor, LoRA pushed after every step); TRL uses "
         "transformers' generate in the trainer's process (no vLLM: TRL 1.16 supports vLLM ≤ 0.31, this venv has 0.32).",
         f"Tokens per step (median): mcprl {tokens['mcprl']:.0f}, TRL {tokens['TRL']:.0f}; assistant turns per "

@@ -52,6 +52,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from actors.precision import compute_dtype
 from bench.options import BenchOptions, TrainOptions
 from bench.results import Row, SuiteResult, machine, machine_line, spread
 from configs.schema import Config
@@ -439,7 +440,7 @@ def run_train_suite(opts: TrainOptions, console: Any) -> dict[str, Any]:
         "machine": machine(),
         "model": opts.model,
         "lora": {"r": lora_cfg.finetune.lora.r, "target_modules": list(lora_cfg.finetune.lora.target_modules)},
-        "dtype": lora_cfg.learner.dtype,
+        "dtype": compute_dtype(lora_cfg.learner.dtype),  # what the learner computes in on this CPU
     }
     vocab = _vocab_size(lora_cfg)
     batch = make_batch(opts.samples, opts.prompt_tokens, opts.gen_tokens, vocab, opts.seed, opts.group_size)

@@ -146,6 +146,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from trl.chat_template_utils import qwen3_template
 
     from actors.models import load_causal_lm, load_tokenizer
+    from actors.precision import compute_dtype
     from configs.schema import BuiltinServers, EnvConfig, ModelConfig, ToolsConfig
     from envs.chat_template import served_chat_template
     from envs.prompting import encode
@@ -167,6 +168,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     tools = pool_tools(pool, servers, env_cfg)
     env_config = {"env": env_cfg, "tools": tools_cfg}
 
+    # The dtype mcprl's learner computes in on this CPU (float32 where torch has no bf16 kernels): the same work.
+    args.dtype = compute_dtype(args.dtype, "cuda" if torch.cuda.is_available() else "cpu")
     model_cfg = ModelConfig(name=args.model, dtype=args.dtype)
     tokenizer = load_tokenizer(model_cfg)
     tokenizer.chat_template = served_chat_template(tokenizer, env_cfg)
@@ -276,6 +279,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "startup_s": startup_s,
         "wall_s": time.monotonic() - t_start,
         "generation": "transformers generate (HF, no vLLM), in the trainer's process",
+        "dtype": args.dtype,
         "steps": steps,
     }
 

@@ -763,7 +763,11 @@ class LearnerConfig(Strict):
         default_factory=Resources,
         description="What each rank reserves (older spelling: num_cpus_per_worker, num_gpus_per_worker).",
     )
-    dtype: Literal["bfloat16", "float32"] = Field("bfloat16", description="Parameter/compute dtype of the learner.")
+    dtype: Literal["bfloat16", "float32"] = Field(
+        "bfloat16",
+        description="Parameter/compute dtype of the learner; float32 on a CPU where torch has no bf16 kernels "
+        "(x86 without AVX-512 or AMX: ~100x slower there; actors/precision.py).",
+    )
     gradient_checkpointing: bool = True
     micro_batch_tokens: int = Field(4096, ge=64, description="Tokens (padded) per forward/backward micro-batch.")
     selective_logits: bool = Field(
@@ -985,7 +989,11 @@ class ModelConfig(Strict):
         "tiny-random",
         description="An HF id, a local folder, or a built-in name: smollm2-135m-instruct, tiny-random.",
     )
-    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    dtype: Literal["bfloat16", "float16", "float32"] = Field(
+        "bfloat16",
+        description="What the engines compute in and the policy is pushed in. On a CPU where torch has no kernels "
+        "for it (x86 without AVX-512 or AMX), float32: bf16 runs ~100x slower there (actors/precision.py).",
+    )
     cache_dir: str = Field("", description="Where built-in models are built; empty = $MCPRL_CACHE or ~/.cache/mcprl.")
 
 

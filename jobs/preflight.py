@@ -438,6 +438,7 @@ def run_preflight(cfg: Config, write: bool = False) -> Preflight:
 
 def plan_lines(cfg: Config) -> list[str]:
     from actors.engine_api import choose_backend
+    from actors.precision import dtype_note
 
     t = cfg.train
     episodes = t.tasks_per_step * t.group_size
@@ -458,8 +459,10 @@ def plan_lines(cfg: Config) -> list[str]:
         f"fine-tune: {cfg.finetune.mode}"
         + (f" (r={cfg.finetune.lora.r}, alpha={cfg.finetune.lora.alpha})" if cfg.finetune.trains_adapter else ""),
         f"rollout backend: {choose_backend(cfg)} ({cfg.rollout.engines} engines, {cfg.rollout.runners} runners, "
-        f"{cfg.rollout.mode}{', overlapped with training' if cfg.rollout.overlap else ''})",
-        f"learner: {cfg.learner.workers} × {cfg.learner.backend} worker(s), {cfg.learner.dtype}",
+        f"{cfg.rollout.mode}{', overlapped with training' if cfg.rollout.overlap else ''}), {cfg.model.dtype}"
+        + (dtype_note(cfg.model.dtype) if not cfg.rollout.engine_resources.num_gpus else ""),
+        f"learner: {cfg.learner.workers} × {cfg.learner.backend} worker(s), {cfg.learner.dtype}"
+        + (dtype_note(cfg.learner.dtype) if not cfg.learner.worker_resources.num_gpus else ""),
         f"plan: {t.steps} {alg.name.upper()} steps × {t.tasks_per_step} tasks × {t.group_size} episodes = "
         f"{episodes} episodes/step; {t.epochs} epoch(s) × {t.minibatches} minibatch(es) per step; "
         f"advantage {advantage}",

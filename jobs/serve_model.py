@@ -149,6 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     from actors.models import ModelNotFoundError
+    from actors.precision import compute_dtype
     from cluster import storage
     from cluster.console import verbose, vllm_logging_config
     from jobs.export import ExportError, export, load_source
@@ -196,7 +197,7 @@ def main(argv: list[str] | None = None) -> None:
         cfg.run_name,
         host=args.host,
         port=args.port,
-        dtype=cfg.model.dtype,
+        dtype=compute_dtype(cfg.model.dtype, "cuda" if torch.cuda.is_available() else "cpu"),
         max_model_len=max_len,
         cpu=not torch.cuda.is_available(),
         lora=adapter,

@@ -106,11 +106,12 @@ class LearnerGroup:
         self.info = infos[0]
         i = self.info
         log.info(
-            "learner group: %d worker(s) on %d node(s), %s: %.1fM parameters, %.2fM trained; sharding %s, "
+            "learner group: %d worker(s) on %d node(s), %s %s: %.1fM parameters, %.2fM trained; sharding %s, "
             "KL reference %s; set up in %.1f s",
             n,
             len(nodes),
             i["device"],
+            i["dtype"],
             i["params"] / 1e6,
             i["trainable"] / 1e6,
             i["backend"],

@@ -84,10 +84,12 @@ class Learner(TrainingSteps, ForwardPasses, PolicyModels, StateIO, Collectives):
         import torch
 
         from actors.models import load_tokenizer
+        from actors.precision import for_device
         from actors.sharding import make_backend
 
         t0 = time.monotonic()
         self.device = self._pick_device()
+        self.cfg = for_device(self.cfg, self.device)  # float32 on a CPU without bf16 kernels (actors/precision.py)
         if self.device.type == "cpu":
             # Ray sets OMP_NUM_THREADS=1 for actors with fractional CPUs, which makes CPU training crawl:
             # share the machine's cores among the ranks instead.
@@ -142,6 +144,7 @@ class Learner(TrainingSteps, ForwardPasses, PolicyModels, StateIO, Collectives):
             "params": n_params,
             "trainable": n_train,
             "device": str(self.device),
+            "dtype": self.cfg.learner.dtype,
             "world_size": self.world_size,
             "backend": self.backend.name,
             "reference": self.ref_kind,

@@ -13,6 +13,7 @@ import torch
 from actors.adapter_io import adapter_safetensors, adapter_state_dict, pack_adapter
 from actors.hf_engine import HFEngine
 from actors.learner import CheckpointError, Learner
+from actors.precision import compute_dtype
 from configs.schema import Config, SamplingConfig
 
 PROMPT_LEN = 8
@@ -301,7 +302,8 @@ def test_exported_weights_update_hf_engine(full_learner: Learner) -> None:
     assert sum(n.startswith("model.layers.0.") for n in layer0) == 9  # 7 linears + 2 norms
     whole = full_learner.export_weights()
     assert whole is not None and len(whole) == 1  # all fits one default-sized chunk
-    assert all(t.dtype == torch.bfloat16 for t in whole[0].values())
+    sent = getattr(torch, compute_dtype("bfloat16"))  # model.dtype as this CPU computes it (actors/precision.py)
+    assert all(t.dtype == sent for t in whole[0].values())
     prompt = fixed_batch(1)[0]["prompt_ids"]
 
     async def go() -> tuple[list[float], list[float], int]:

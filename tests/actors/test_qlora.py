@@ -12,10 +12,12 @@ import torch
 
 from actors.learner import Learner
 from actors.models import count_parameters, resolve_model
+from actors.precision import compute_dtype
 from configs.loader import ConfigError, load_config
 from tests.actors.test_learner import chosen_logprob, fixed_batch, make_cfg, trained
 
 bnb = pytest.importorskip("bitsandbytes", reason="finetune.mode qlora needs the `qlora` extra (make install has it)")
+COMPUTE = getattr(torch, compute_dtype("bfloat16"))  # bf16, or float32 on a CPU without its kernels
 
 from actors.qlora import QloraUnavailableError, dequantize, is_4bit  # noqa: E402
 
@@ -47,7 +49,7 @@ def test_qlora_base_is_4bit_and_the_adapter_learns(qlora_learner: Learner) -> No
     assert four_bit == {n for n in linears if ".layers." in n} and len(four_bit) == 2 * 7
     assert all(isinstance(linears[n].weight, bnb.nn.Params4bit) for n in four_bit)
     assert all(linears[n].weight.quant_state.quant_type == "nf4" for n in four_bit)
-    assert all(linears[n].compute_dtype == torch.bfloat16 for n in four_bit)
+    assert all(linears[n].compute_dtype == COMPUTE for n in four_bit)
     trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in n and p.dtype == torch.float32 for n, p in trainable.items())
     # the parameter count is the unpacked one: the stored model's plus the adapter's
@@ -111,16 +113,16 @@ def test_merged_push_is_the_dequantized_base_plus_the_adapter(qlora_learner: Lea
     plain = AutoModelForCausalLM.from_pretrained(resolve_model("tiny-random"), local_files_only=True)
     want = {k: v.detach() for k, v in plain.named_parameters()}
     assert got.keys() == want.keys()
-    assert all(got[k].shape == v.shape and got[k].dtype == torch.bfloat16 for k, v in want.items())  # model.dtype
+    assert all(got[k].shape == v.shape and got[k].dtype == COMPUTE for k, v in want.items())  # model.dtype
 
     peft = qlora_learner.model.base_model.model.model.layers[1]
     for proj, wrapped in (("self_attn.q_proj", peft.self_attn.q_proj), ("mlp.up_proj", peft.mlp.up_proj)):
         delta = wrapped.lora_B["default"].weight.float() @ wrapped.lora_A["default"].weight.float()
         expected = dequantize(wrapped.base_layer.weight).float() + wrapped.scaling["default"] * delta
-        torch.testing.assert_close(got[f"model.layers.1.{proj}.weight"], expected.to(torch.bfloat16))
+        torch.testing.assert_close(got[f"model.layers.1.{proj}.weight"], expected.to(COMPUTE))
         assert delta.abs().max() > 0, proj  # the adapter moved: the push carries it
     plain_down = dequantize(peft.mlp.down_proj.weight).float()  # not LoRA-wrapped: dequantized as it is
-    torch.testing.assert_close(got["model.layers.1.mlp.down_proj.weight"], plain_down.to(torch.bfloat16))
+    torch.testing.assert_close(got["model.layers.1.mlp.down_proj.weight"], plain_down.to(COMPUTE))
     # NF4 is close to, but not, the stored base
     diff = (got["model.layers.1.mlp.down_proj.weight"].float() - want["model.layers.1.mlp.down_proj.weight"]).abs()
     assert 0 < float(diff.max()) < 0.05

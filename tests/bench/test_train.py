@@ -14,6 +14,7 @@ from rich.console import Console
 
 from actors.adapter_io import read_adapter
 from actors.models import load_causal_lm
+from actors.precision import compute_dtype
 from bench.options import BenchOptions
 from bench.train import FolderAdapter, make_batch, run
 from configs.loader import ConfigError
@@ -72,7 +73,9 @@ def test_train_suite_reports_every_figure(ray_cluster) -> None:
     report = result.report
 
     assert report["machine"]["cores"] >= 1 and report["machine"]["cpu"]
-    assert report["model"] == "tiny-random" and report["lora"]["r"] == 16 and report["dtype"] == "bfloat16"
+    assert (
+        report["model"] == "tiny-random" and report["lora"]["r"] == 16 and report["dtype"] == compute_dtype("bfloat16")
+    )
 
     ln = report["learner"]
     assert ln["samples"] == 4 and ln["steps"] == 1 and ln["warmup_steps"] == 1 and len(ln["step_s"]) == 1
