@@ -14,7 +14,8 @@ start, no KL, no evaluation. Each side is a fresh process, as a user runs it:
 Repeats alternate the order (TRL first on even repeats). Figures per run: the median step time (the first
 step left out as warm-up), episodes/s and tokens/s over those steps (tokens: prompt + completion of every
 episode, all turns, tool results included), the last step's mean reward, and the time outside the steps
-(the process's wall time less its steps: start-up and teardown).
+(the process's wall time less its steps: start-up and teardown). Each run's console, its lines stamped with the
+seconds since the run's start, is kept in `<out>/e2e-runs/<side>-<repeat>.log` (mcprl's metrics.jsonl beside it).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -40,6 +42,7 @@ from configs.loader import set_args
 SIDES = ("TRL", "mcprl")
 QUICK = {"model": "tiny-random", "steps": 2, "max_new_tokens": 8, "observation_tokens": 64, "mcprl_backend": "hf"}
 RUN_TIMEOUT_S = 3600
+CONSOLE = "console.log"  # each run's time-stamped output, kept under <out>/e2e-runs/ (and mcprl's metrics.jsonl)
 
 
 def sizes(opts: BenchOptions) -> tuple[E2EOptions, int]:
@@ -60,13 +63,35 @@ def write_tasks(o: E2EOptions, path: Path) -> None:
     _run(cmd, "generating the tasks")
 
 
-def _run(cmd: list[str], what: str) -> float:
-    """Run `cmd` from the checkout in a fresh process; its wall time, or an error with its output's tail."""
+def _run(cmd: list[str], what: str, log: Path | None = None) -> float:
+    """Run `cmd` from the checkout in a fresh process; its wall time, or an error with its output's tail.
+    `log`: its output (stdout and stderr) is kept there, each line stamped with the seconds since its start, so
+    that a slow run can be read phase by phase afterwards."""
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
-    if proc.returncode != 0:
-        tail = (proc.stdout[-2000:] + "\n" + proc.stderr[-4000:]).strip()
-        raise RuntimeError(f"e2e: {what} failed (exit {proc.returncode}): {' '.join(cmd)}\n{tail}")
+    with tempfile.TemporaryDirectory(prefix="mcprl-e2e-") as scratch:
+        log = log or Path(scratch) / CONSOLE
+        with log.open("w") as out:
+            proc = subprocess.Popen(
+                cmd, cwd=ROOT, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+
+            def stamp() -> None:
+                assert proc.stdout is not None
+                for line in proc.stdout:
+                    out.write(f"{time.monotonic() - t0:8.2f} {line}")
+                    out.flush()
+
+            reader = threading.Thread(target=stamp, daemon=True)
+            reader.start()
+            try:
+                code = proc.wait(timeout=RUN_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                code = proc.wait()
+            reader.join()
+        if code != 0:
+            tail = log.read_text()[-6000:].strip()
+            raise RuntimeError(f"e2e: {what} failed (exit {code}): {' '.join(cmd)}\n{tail}")
     return time.monotonic() - t0
 
 
@@ -91,7 +116,7 @@ def run_mcprl(o: E2EOptions, tasks: Path, folder: Path, more: dict[str, Any] | N
     }
     cmd = [sys.executable, "-m", "jobs.train", "--config", o.config, "--run", "--fresh"]
     cmd += set_args(sets)
-    wall = _run(cmd, "mcprl's run (python -m jobs.train)")
+    wall = _run(cmd, "mcprl's run (python -m jobs.train)", folder / CONSOLE)
     (metrics,) = folder.glob("*/metrics.jsonl")
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
     steps = [
@@ -129,8 +154,18 @@ def run_trl(o: E2EOptions, tasks: Path, folder: Path, more: dict[str, Any] | Non
         **(more or {}),
     }
     cmd = [sys.executable, "-m", "bench.trl_baseline", *[a for k, v in args.items() for a in (f"--{k}", str(v))]]
-    wall = _run(cmd, "TRL's run (python -m bench.trl_baseline)")
+    wall = _run(cmd, "TRL's run (python -m bench.trl_baseline)", folder / CONSOLE)
     return {**json.loads(out.read_text()), "wall_s": wall}
+
+
+def keep_console(folder: Path, into: Path, name: str) -> None:
+    """A run's time-stamped console, and mcprl's metrics.jsonl (its phases' timings per step), out of the temporary
+    folder the suite deletes."""
+    into.mkdir(parents=True, exist_ok=True)
+    if (folder / CONSOLE).exists():
+        shutil.copyfile(folder / CONSOLE, into / f"{name}.log")
+    for metrics in folder.glob("*/metrics.jsonl"):
+        shutil.copyfile(metrics, into / f"{name}.metrics.jsonl")
 
 
 def figures(run: dict[str, Any], expected_steps: int) -> dict[str, float]:
@@ -171,7 +206,10 @@ def run(opts: BenchOptions, console: Console) -> SuiteResult:
             for side in SIDES if i % 2 == 0 else SIDES[::-1]:
                 folder = root / f"{side}-{i}"
                 folder.mkdir()
-                result = (run_trl if side == "TRL" else run_mcprl)(o, tasks, folder)
+                try:
+                    result = (run_trl if side == "TRL" else run_mcprl)(o, tasks, folder)
+                finally:
+                    keep_console(folder, opts.out / "e2e-runs", f"{side}-{i + 1}")
                 result["figures"] = figures(result, o.steps)
                 runs[side].append(result)
                 f = result["figures"]

@@ -58,6 +58,15 @@ def test_e2e_quick_writes_sensible_figures(tmp_path: Path) -> None:
     assert 0.25 < per_step["TRL"] / per_step["mcprl"] < 4
     assert "TRL" in " ".join(doc["notes"]) and doc["notes"]
 
+    # Each run's console is kept, its lines stamped with the seconds since the run's start, in order.
+    for side in ("TRL", "mcprl"):
+        lines = (tmp_path / "e2e-runs" / f"{side}-1.log").read_text().splitlines()
+        stamps = [float(line.split()[0]) for line in lines if line.strip()]
+        assert stamps and stamps == sorted(stamps) and stamps[-1] < 580
+    assert "step 2 |" in (tmp_path / "e2e-runs" / "mcprl-1.log").read_text()
+    metrics = (tmp_path / "e2e-runs" / "mcprl-1.metrics.jsonl").read_text().splitlines()
+    assert sum("timing/train_s" in json.loads(line) for line in metrics) == 2
+
 
 @pytest.fixture(scope="module")
 def polygon(rule_tasks: Callable[..., list[dict[str, Any]]]) -> Iterator[tuple[Any, list[dict[str, Any]]]]:
