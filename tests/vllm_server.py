@@ -60,6 +60,7 @@ def stop_server(proc: subprocess.Popen) -> None:
 def vllm_server(log_dir: Path, model: str = MODEL) -> Iterator[str]:
     """Start the server, wait for /health, yield its base URL (ending in /v1), stop it."""
     from actors.models import resolve_model
+    from actors.precision import compute_dtype
 
     folder = resolve_model(model)
     port = free_port()
@@ -68,7 +69,7 @@ def vllm_server(log_dir: Path, model: str = MODEL) -> Iterator[str]:
         sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry",
         "--model", str(folder), "--served-model-name", model,
         "--host", "127.0.0.1", "--port", str(port),
-        "--max-model-len", "2048", "--dtype", "bfloat16",
+        "--max-model-len", "2048", "--dtype", compute_dtype("bfloat16"),  # float32 on a CPU without bf16 kernels
         "--enforce-eager",  # no torch.compile warm-up: ~25 s to start instead of ~100 s
         "--structured-outputs-config", json.dumps({"backend": "xgrammar", "disable_any_whitespace": True}),
     ]  # fmt: skip
