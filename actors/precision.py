@@ -37,8 +37,13 @@ def cpu_has_kernels(dtype: str) -> bool:
         return True
 
 
-def compute_dtype(dtype: str, device: str | torch.device = "cpu") -> str:
-    """`dtype` as it computes on `device`: float32 on a CPU without kernels for it, else `dtype`."""
+def compute_dtype(dtype: str, device: str | torch.device | None = None) -> str:
+    """`dtype` as it computes on `device` (None: this process's, a GPU where one is visible): float32 on a CPU
+    without kernels for it, else `dtype`."""
+    if device is None:
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     kind = device if isinstance(device, str) else device.type
     if kind.split(":")[0] != "cpu" or cpu_has_kernels(dtype):
         return dtype

@@ -169,7 +169,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     env_config = {"env": env_cfg, "tools": tools_cfg}
 
     # The dtype mcprl's learner computes in on this CPU (float32 where torch has no bf16 kernels): the same work.
-    args.dtype = compute_dtype(args.dtype, "cuda" if torch.cuda.is_available() else "cpu")
+    args.dtype = compute_dtype(args.dtype)
     model_cfg = ModelConfig(name=args.model, dtype=args.dtype)
     tokenizer = load_tokenizer(model_cfg)
     tokenizer.chat_template = served_chat_template(tokenizer, env_cfg)

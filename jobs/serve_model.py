@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> None:
         cfg.run_name,
         host=args.host,
         port=args.port,
-        dtype=compute_dtype(cfg.model.dtype, "cuda" if torch.cuda.is_available() else "cpu"),
+        dtype=compute_dtype(cfg.model.dtype),
         max_model_len=max_len,
         cpu=not torch.cuda.is_available(),
         lora=adapter,

@@ -56,3 +56,8 @@ def test_this_machines_answer_is_torchs_and_the_learner_runs_it() -> None:
     assert info["dtype"] == expected
     frozen = {p.dtype for p in learner.model.parameters() if not p.requires_grad}  # PEFT keeps its adapter in fp32
     assert frozen == {getattr(torch, expected)}
+
+
+def test_no_device_means_this_process_s_device(no_bf16_kernels: None) -> None:
+    expected = "bfloat16" if torch.cuda.is_available() else "float32"
+    assert compute_dtype("bfloat16") == expected
